@@ -1,0 +1,180 @@
+"""Shared machinery of the checks: comparing tensors and naming mistakes.
+
+Every check raises ``AssertionError`` with a message written for the student:
+what is wrong (type, shape, dtype, which entry, by how much) and, when the
+answer's output equals that of a known buggy variant, which mistake it is.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class Mistake:
+    """A typical wrong answer: ``fn`` has the exercise's signature."""
+
+    label: str
+    hint: str
+    fn: Callable
+
+
+# Tolerances, by dtype: (atol, rtol).
+# float32 keeps about 7 significant digits; a correct answer may order its sums
+# differently from the reference (a d_k-term dot product, a T-term softmax sum),
+# which moves results by a few units of 1e-7 relative. 1e-5 / 1e-4 leaves room
+# for any correct order, while every known mistake moves values by more than 1e-3.
+# float64 keeps about 16 digits, so 1e-10 / 1e-8 is just as generous there.
+TOLERANCES = {
+    torch.float32: (1e-5, 1e-4),
+    torch.float64: (1e-10, 1e-8),
+}
+
+
+def tolerance(dtype):
+    return TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+
+
+def fmt(x):
+    return f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
+def expect_tensor(name, value):
+    if not isinstance(value, torch.Tensor):
+        raise AssertionError(
+            f"{name} should be a torch.Tensor, but it is a {type(value).__name__}. "
+            "Build it with torch operations (not numpy, not Python lists)."
+        )
+    if type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter):
+        raise AssertionError(f"{name} should be a plain torch.Tensor, not a {type(value).__name__}.")
+    return value
+
+
+def unpack(result, names):
+    """Check that a function returned a tuple of len(names) tensors."""
+    if len(names) == 1:
+        return (expect_tensor(names[0], result),)
+    if not isinstance(result, (tuple, list)) or len(result) != len(names):
+        raise AssertionError(
+            f"Your function should return a tuple ({', '.join(names)}), "
+            f"but it returned {type(result).__name__}"
+            + (f" of length {len(result)}" if isinstance(result, (tuple, list)) else "")
+            + "."
+        )
+    return tuple(expect_tensor(n, r) for n, r in zip(names, result))
+
+
+def close(a, b, atol, rtol):
+    """True when a and b have the same shape and agree (NaN/inf positions included)."""
+    if not isinstance(a, torch.Tensor) or a.shape != b.shape:
+        return False
+    a = a.detach().to(torch.float64)
+    b = b.detach().to(torch.float64)
+    return bool(torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True))
+
+
+def assert_matches(name, got, expected, *, atol=None, rtol=None, context="", check_dtype=True):
+    """Compare one tensor with its expected value; explain the first difference."""
+    expect_tensor(name, got)
+    where = f" {context}" if context else ""
+    if tuple(got.shape) != tuple(expected.shape):
+        raise AssertionError(
+            f"{name}{where} has shape {tuple(got.shape)} but should have shape {tuple(expected.shape)}."
+        )
+    if check_dtype and got.dtype != expected.dtype:
+        raise AssertionError(
+            f"{name}{where} has dtype {got.dtype} but should keep the input's dtype {expected.dtype}."
+        )
+    if got.device != expected.device:
+        raise AssertionError(f"{name}{where} is on {got.device} but the inputs are on {expected.device}.")
+    d_atol, d_rtol = tolerance(expected.dtype)
+    atol = d_atol if atol is None else atol
+    rtol = d_rtol if rtol is None else rtol
+    g = got.detach().to(torch.float64)
+    e = expected.detach().to(torch.float64)
+    bad_finite = ~torch.isfinite(g) & torch.isfinite(e)
+    if bad_finite.any():
+        idx = tuple(int(i) for i in bad_finite.nonzero()[0])
+        raise AssertionError(
+            f"{name}{where} has a non-finite entry: {name}{list(idx)} = {g[idx].item()} "
+            f"where {fmt(e[idx].item())} was expected ({int(bad_finite.sum())} such entries). "
+            "Look for overflow in exp() or for -inf reaching a place it should not."
+        )
+    if not torch.allclose(g, e, atol=atol, rtol=rtol, equal_nan=True):
+        err = (g - e).abs().nan_to_num(nan=float("inf"))
+        excess = err - (atol + rtol * e.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0))
+        idx = tuple(int(i) for i in torch.nonzero(excess == excess.max())[0])
+        raise AssertionError(
+            f"{name}{where} is wrong: {name}{list(idx)} = {fmt(g[idx].item())} but should be "
+            f"{fmt(e[idx].item())} (off by {fmt(err[idx].item())}; tolerance atol={atol:g}, rtol={rtol:g}). "
+            f"Largest difference over all entries: {fmt(err.max().item())}."
+        )
+
+
+def _outputs(fn, args, kwargs):
+    try:
+        with torch.no_grad():
+            res = fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args], **(kwargs or {}))
+    except Exception:
+        return None
+    return res if isinstance(res, tuple) else (res,)
+
+
+def _same(outputs, res):
+    return (
+        res is not None
+        and len(res) == len(outputs)
+        and all(close(o, r, *tolerance(r.dtype)) for o, r in zip(outputs, res))
+    )
+
+
+def diagnose(outputs, args, mistakes: Sequence[Mistake], reference, kwargs=None):
+    """Name the known mistakes whose outputs equal the student's ``outputs``.
+
+    A mistake that gives the right answer on these inputs (say "mask ignored"
+    when there is no mask) cannot be told apart here and is not named.
+    """
+    right = _outputs(reference, args, kwargs)
+    found = []
+    for m in mistakes:
+        res = _outputs(m.fn, args, kwargs)
+        if _same(outputs, res) and not _same(res, right):
+            found.append(m)
+    return found
+
+
+def with_diagnosis(check, outputs, args, mistakes, reference, kwargs=None):
+    """Run ``check()``; if it fails, append the mistakes the outputs match."""
+    try:
+        check()
+    except AssertionError as err:
+        found = diagnose(outputs, args, mistakes, reference, kwargs)
+        if found:
+            lines = "\n".join(f"  - {m.label}: {m.hint}" for m in found)
+            raise AssertionError(f"{err}\nYour output matches a typical mistake:\n{lines}") from None
+        raise
+
+
+def call_answer(fn, args, kwargs=None, *, names, forbidden):
+    """Call the student's ``fn`` on copies of the inputs, under ``forbidden``.
+
+    Fails if the answer calls a forbidden built-in, modifies an input in place,
+    or does not return ``len(names)`` tensors. Returns the unpacked outputs.
+    """
+    from ..guard import call_without
+
+    kwargs = kwargs or {}
+    copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    kw_copies = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    result = call_without(fn, copies, kw_copies, **forbidden)
+    labelled = list(zip(range(len(args)), args, copies)) + [(k, kwargs[k], kw_copies[k]) for k in kwargs]
+    for key, orig, seen in labelled:
+        if isinstance(orig, torch.Tensor) and not torch.equal(orig, seen):
+            which = f"argument {key}" if isinstance(key, str) else f"argument number {key + 1}"
+            raise AssertionError(
+                f"Your function modified its input ({which}) in place. Build new tensors instead "
+                "(for example `x = x / s` rather than `x /= s` or `x.div_(s)`)."
+            )
+    return unpack(result, names)

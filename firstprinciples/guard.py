@@ -1,0 +1,105 @@
+"""Detect calls to built-ins that an exercise asks the student to write.
+
+An exercise such as "implement softmax" is pointless if the answer calls
+``torch.softmax``.  ``forbid`` watches a call to the student's code and records
+every forbidden function it reaches:
+
+* torch functions, methods and modules are seen through a ``TorchFunctionMode``
+  (which catches ``torch.softmax``, ``Tensor.softmax``, ``F.softmax``,
+  ``torch.ops.aten._softmax`` and ``nn.Softmax`` alike, however they are named);
+* the course's own reference implementations are wrapped by ``reference_piece``
+  and report themselves while a ``forbid`` naming them is active.
+
+The record is kept outside the student's code, so an answer that catches the
+resulting exception still fails the check that inspects the record.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+
+from torch.overrides import TorchFunctionMode, resolve_name
+
+_state = threading.local()
+
+
+def _active_watchers():
+    return getattr(_state, "watchers", [])
+
+
+class _Watcher(TorchFunctionMode):
+    def __init__(self, torch_patterns, pieces):
+        super().__init__()
+        self.torch_patterns = tuple(torch_patterns)
+        self.pieces = frozenset(pieces)
+        self.hits: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = resolve_name(func) or getattr(func, "__name__", repr(func))
+        if any(p in name for p in self.torch_patterns):
+            self.hits.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+class ForbiddenCall(AssertionError):
+    """Raised when an answer calls what it was asked to implement."""
+
+
+@contextlib.contextmanager
+def forbid(torch_patterns=(), pieces=()):
+    """Record calls to torch functions whose qualified name contains one of
+    ``torch_patterns`` and to the course reference implementations in ``pieces``.
+
+    Yields the list of hits; it is complete when the ``with`` block ends.
+    """
+    watcher = _Watcher(torch_patterns, pieces)
+    _state.watchers = _active_watchers() + [watcher]
+    try:
+        with watcher:
+            yield watcher.hits
+    finally:
+        _state.watchers = [w for w in _active_watchers() if w is not watcher]
+
+
+def reference_piece(name):
+    """Mark a reference implementation so that ``forbid(pieces=[name])`` sees it."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            for w in _active_watchers():
+                if name in w.pieces:
+                    w.hits.append(f"firstprinciples.reference.{name}")
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def call_without(fn, args, kwargs=None, *, torch_patterns=(), pieces=(), what=""):
+    """Call ``fn(*args, **kwargs)`` and fail if it used a forbidden built-in."""
+    with forbid(torch_patterns, pieces) as hits:
+        try:
+            result = fn(*args, **(kwargs or {}))
+        except ForbiddenCall:
+            raise
+        except Exception:
+            if hits:
+                _raise_forbidden(hits, what)
+            raise
+    if hits:
+        _raise_forbidden(hits, what)
+    return result
+
+
+def _raise_forbidden(hits, what):
+    seen = ", ".join(sorted(set(hits)))
+    raise ForbiddenCall(
+        f"Your answer calls {seen}. This exercise asks you to build {what or 'this piece'} "
+        "yourself from basic tensor operations, so this check scores 0."
+    )
+
+
+__all__ = ["forbid", "reference_piece", "call_without", "ForbiddenCall"]

@@ -1,0 +1,78 @@
+"""Helpers for tests that work on the course's notebooks and nbgrader."""
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = ROOT / "solutions"
+EXERCISES = ROOT / "exercises"
+
+
+def source_notebooks():
+    return sorted(SOLUTIONS.glob("*/*.ipynb"))
+
+
+def released_notebooks():
+    return sorted(EXERCISES.glob("*/*.ipynb"))
+
+
+def assignments():
+    return sorted(p.name for p in SOLUTIONS.iterdir() if p.is_dir() and list(p.glob("*.ipynb")))
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def nbgrader_meta(cell):
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def grade_cells(nb):
+    return [c for c in nb.cells if nbgrader_meta(c).get("grade")]
+
+
+def answer_cells(nb):
+    return [c for c in nb.cells if nbgrader_meta(c).get("solution") and c.cell_type == "code"]
+
+
+def defined_names(source: str):
+    """Top-level function and class names defined by a cell."""
+    tree = ast.parse(source)
+    return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+
+
+def make_course(tmp: Path) -> Path:
+    """A fresh course folder: the repo's nbgrader_config.py and solutions/."""
+    course = tmp / "course"
+    course.mkdir()
+    shutil.copy(ROOT / "nbgrader_config.py", course)
+    shutil.copytree(SOLUTIONS, course / "solutions", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    return course
+
+
+def nbgrader(course: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Run a plain `nbgrader` command in the course folder; fail loudly on error."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NBGRADER")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbgrader", *args],
+        cwd=course, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    assert proc.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def with_answer(nb, grade_id: str, source: str):
+    """A copy of ``nb`` whose answer cell ``grade_id`` holds ``source``."""
+    nb = nbformat.from_dict(nb)
+    cells = [c for c in answer_cells(nb) if nbgrader_meta(c)["grade_id"] == grade_id]
+    assert len(cells) == 1, f"no single answer cell {grade_id}"
+    cells[0].source = source
+    return nb
