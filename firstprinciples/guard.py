@@ -62,16 +62,40 @@ def forbid(torch_patterns=(), pieces=()):
         _state.watchers = [w for w in _active_watchers() if w is not watcher]
 
 
-def reference_piece(name):
-    """Mark a reference implementation so that ``forbid(pieces=[name])`` sees it."""
+def _record(name):
+    for w in _active_watchers():
+        if name in w.pieces:
+            w.hits.append(f"firstprinciples.reference.{name}")
 
-    def decorate(fn):
-        @functools.wraps(fn)
+
+def reference_piece(name):
+    """Mark a reference implementation so that ``forbid(pieces=[name])`` sees it.
+
+    Decorates a function, or a class (an ``nn.Module``): for a class, building
+    it or calling its ``forward`` while the watcher is active is reported.
+    """
+
+    def decorate(obj):
+        if isinstance(obj, type):
+            init, forward = obj.__init__, obj.forward
+
+            @functools.wraps(init)
+            def watched_init(self, *args, **kwargs):
+                _record(name)
+                init(self, *args, **kwargs)
+
+            @functools.wraps(forward)
+            def watched_forward(self, *args, **kwargs):
+                _record(name)
+                return forward(self, *args, **kwargs)
+
+            obj.__init__, obj.forward = watched_init, watched_forward
+            return obj
+
+        @functools.wraps(obj)
         def wrapper(*args, **kwargs):
-            for w in _active_watchers():
-                if name in w.pieces:
-                    w.hits.append(f"firstprinciples.reference.{name}")
-            return fn(*args, **kwargs)
+            _record(name)
+            return obj(*args, **kwargs)
 
         return wrapper
 

@@ -1,0 +1,28 @@
+"""Reference implementations: exactly one of each concept in the course.
+
+Chapters import them to compute figures, the checks compare students' answers
+with them, and ``tests/`` validates them against PyTorch's own modules.
+Each is marked with ``reference_piece`` so that an exercise can tell when a
+student's answer simply calls the reference instead of building the piece.
+"""
+from .attention import causal_mask, dot_product_scores, project_qkv, scaled_dot_product_attention, softmax
+from .block import FeedForward, TransformerBlock
+from .multihead import MultiHeadAttention, merge_heads, split_heads
+from .position import apply_rope, sinusoidal_encoding
+from .rnn import rnn_forward
+
+__all__ = [
+    "FeedForward",
+    "MultiHeadAttention",
+    "TransformerBlock",
+    "apply_rope",
+    "causal_mask",
+    "dot_product_scores",
+    "merge_heads",
+    "project_qkv",
+    "rnn_forward",
+    "scaled_dot_product_attention",
+    "sinusoidal_encoding",
+    "softmax",
+    "split_heads",
+]
