@@ -1,59 +1,240 @@
-"""The book builds with warnings as errors, chapters executed, exercises shown as released."""
+"""The rendered book: it builds with warnings as errors, chapters are executed,
+exercises are shown as released, and the HTML is self-contained.
+
+One build serves every test in this file (the browser tests included): a fresh
+Sphinx build into a temporary folder (so that every warning is raised again),
+with the execution cache shared with the README's build (`_build/.jupyter_cache`).
+"""
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 import yaml
 
 from course import ROOT, released_notebooks
 
-
 # The jupyter-book script installed beside this Python (the package has no __main__).
-JUPYTER_BOOK = str(Path(sys.executable).parent / "jupyter-book") if (Path(sys.executable).parent / "jupyter-book").exists() else shutil.which("jupyter-book")
+_SCRIPT = Path(sys.executable).parent / "jupyter-book"
+JUPYTER_BOOK = str(_SCRIPT) if _SCRIPT.exists() else shutil.which("jupyter-book")
+SCREENSHOTS = ROOT / "_build" / "screenshots"
 
 
 @pytest.fixture(scope="module")
 def html(tmp_path_factory):
     out = tmp_path_factory.mktemp("book")
     proc = subprocess.run(
-        [JUPYTER_BOOK, "build", str(ROOT), "-W", "-n", "--keep-going", "--path-output", str(out)],
-        capture_output=True, text=True, timeout=1800,
+        [JUPYTER_BOOK, "build", ".", "-W", "-n", "--keep-going", "--path-output", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1800,
     )
-    assert proc.returncode == 0, f"book build failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, f"book build failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-8000:]}"
     return out / "_build" / "html"
 
 
-def _toc_files():
+def toc_files():
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    return [ch["file"] for part in toc["parts"] for ch in part["chapters"]]
+    return [toc["root"]] + [ch["file"] for part in toc["parts"] for ch in part["chapters"]]
+
+
+def chapter_files():
+    return [f for f in toc_files() if f.startswith("chapters/")]
 
 
 def test_every_toc_entry_is_a_page(html):
-    for f in _toc_files():
+    for f in toc_files():
         assert (html / f"{f}.html").is_file(), f
 
-def test_every_exercise_is_in_the_book():
-    files = set(_toc_files())
+
+def test_every_exercise_and_chapter_is_in_the_book():
+    files = set(toc_files())
     for nb in released_notebooks():
         assert nb.relative_to(ROOT).with_suffix("").as_posix() in files
+    for md in (ROOT / "chapters").glob("*.md"):
+        assert md.relative_to(ROOT).with_suffix("").as_posix() in files
+
+
+def _outputs(page):
+    return " ".join(re.findall(r'<div class="cell_output docutils container">(.*?)</div>\s*</div>', page, flags=re.S))
 
 
 def test_chapter_numbers_were_computed_at_build_time(html):
-    page = (html / "chapters" / "attention.html").read_text()
-    # Outputs of the worked example's code cells, not the prose.
-    outputs = " ".join(re.findall(r'<div class="cell_output docutils container">(.*?)</div>\s*</div>', page, flags=re.S))
+    outputs = _outputs((html / "chapters" / "attention.html").read_text())
     for number in ("1.10", "0.778", "0.707", "0.424", "0.380", "0.354", "0.2666", "1.026", "0.974"):
         assert number in outputs, number
-    assert re.search(r'<img[^>]+src="[^"]+\.png"', page), "no figure"
 
 
-def test_exercise_pages_are_not_executed(html):
+@pytest.mark.parametrize("page", chapter_files())
+def test_chapter_teaches(html, page):
+    text = (html / f"{page}.html").read_text()
+    figures = re.findall(r"<img[^>]*>", _outputs(text))
+    assert figures, "no figure computed at build time"
+    for img in figures:
+        alt = re.search(r'alt="([^"]*)"', img)
+        # Sphinx falls back to the file name; real alt text describes the figure.
+        assert alt and alt.group(1).strip() and not alt.group(1).endswith(".png"), f"a figure without alt text: {img[:200]}"
+    assert re.search(r'<h2[^>]*>\s*Summary', text) or 'id="summary"' in text, "no summary section"
+    assert 'class="reference internal"' in _main(text), "no cross-reference to another page"
+
+
+def _main(page):
+    m = re.search(r'<main[^>]*>(.*)</main>', page, flags=re.S)
+    return m.group(1) if m else page
+
+
+def test_exercise_pages_are_released_notebooks_not_executed(html):
     for nb in released_notebooks():
         page = (html / nb.relative_to(ROOT).with_suffix(".html")).read_text()
         assert "NotImplementedError" in page  # the stub is shown...
         assert "most recent call last" not in page and 'class="cell_output' not in page  # ...never run
-        for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS"):
-            assert marker not in page
+        assert "How to work on this exercise locally" in page
+        link = re.search(r'<a class="exercise-download[^"]*"[^>]*href="([^"]+\.ipynb)"', page)
+        assert link, "no download link to the notebook"
+        target = (html / nb.relative_to(ROOT).parent / link.group(1)).resolve()
+        assert target.read_bytes() == nb.read_bytes(), "the download is not the released notebook"
+
+
+def test_no_solution_or_hidden_test_anywhere_in_the_html(html):
+    solutions = []
+    for src in (ROOT / "solutions").glob("*/*.ipynb"):
+        import nbformat
+        for cell in nbformat.read(src, as_version=4).cells:
+            for block in re.findall(r"### BEGIN (?:SOLUTION|HIDDEN TESTS)\n(.*?)### END", cell.source, flags=re.S):
+                solutions += [line.strip() for line in block.splitlines() if len(line.strip()) > 25]
+    assert solutions
+    for f in html.rglob("*"):
+        if f.suffix in {".html", ".ipynb", ".txt", ".js"} and f.is_file():
+            text = f.read_text(errors="replace")
+            for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS"):
+                assert marker not in text, f"{f.relative_to(html)} contains {marker}"
+            if f.suffix in {".html", ".ipynb", ".txt"}:
+                for line in solutions:
+                    assert line not in text, f"{f.relative_to(html)} contains solution code: {line}"
+
+
+EXTERNAL = re.compile(
+    r"""(?:<(?:script|img|iframe|source|audio|video)\b[^>]*\bsrc|<link\b[^>]*\bhref)\s*=\s*["']([^"']+)["']"""
+    r"""|url\(\s*["']?([^"')]+)["']?\s*\)|@import\s+["']([^"']+)["']""",
+    re.I,
+)
+
+
+def _is_external(url):
+    u = urlparse(url.strip())
+    return u.scheme in ("http", "https") or url.strip().startswith("//")
+
+
+def test_html_loads_nothing_from_another_host(html):
+    offenders = []
+    for f in html.rglob("*"):
+        if f.suffix not in {".html", ".css"} or not f.is_file():
+            continue
+        text = f.read_text(errors="replace")
+        for m in EXTERNAL.finditer(text):
+            url = next(g for g in m.groups() if g)
+            tag = m.group(0)
+            if tag.lower().startswith("<link") and not re.search(r'rel="(stylesheet|preload|icon|shortcut icon|modulepreload)"', tag):
+                continue  # plain links to other sites (launch buttons, repository) are fine
+            if _is_external(url):
+                offenders.append(f"{f.relative_to(html)}: {url}")
+    assert not offenders, "\n".join(offenders[:20])
+    assert (html / "_static" / "mathjax" / "tex-chtml.js").is_file(), "MathJax is not served from the book"
+
+
+# ---------------------------------------------------------------- in a real browser
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def browser(html):
+    if not CHROMIUM:
+        msg = "Debian's chromium is not installed (.ci/run installs it: apt-get install chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    import http.server
+    import threading
+    from functools import partial
+
+    from playwright.sync_api import sync_playwright
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = partial(Quiet, directory=str(html))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+        )
+        try:
+            yield b, f"http://127.0.0.1:{server.server_port}"
+        finally:
+            b.close()
+            server.shutdown()
+
+
+def _open(browser, path):
+    """Open a page; return (page, console errors, requests to other hosts)."""
+    b, base = browser
+    page = b.new_page(viewport={"width": 1280, "height": 900})
+    errors, foreign = [], []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: foreign.append(r.url) if not r.url.startswith(base) and not r.url.startswith("data:") else None)
+    page.goto(f"{base}/{path}", wait_until="load")
+    page.wait_for_load_state("networkidle")
+    return page, errors, foreign
+
+
+@pytest.mark.parametrize("doc", toc_files())
+def test_page_in_browser(browser, doc):
+    page, errors, foreign = _open(browser, f"{doc}.html")
+    try:
+        has_math = page.locator("div.math, span.math").count() > 0
+        if has_math:
+            page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20000)
+            page.evaluate("() => MathJax.startup.promise")
+            assert page.locator("mjx-container").count() > 0, "MathJax rendered nothing"
+        main_text = page.locator("main").inner_text()
+        assert "$$" not in main_text and "\\frac" not in main_text, "raw TeX left on the page"
+        images = page.evaluate(
+            "() => Array.from(document.querySelectorAll('main img')).map(i => [i.src, i.complete && i.naturalWidth > 0])"
+        )
+        broken = [src for src, ok in images if not ok]
+        assert not broken, f"images that did not load: {broken}"
+        assert not errors, f"console errors: {errors}"
+        assert not foreign, f"requests to other hosts: {foreign}"
+        if doc.startswith("chapters/"):
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SCREENSHOTS / f"{Path(doc).name}.png"), full_page=True)
+    finally:
+        page.close()
+
+
+def test_navigation_links_every_chapter(browser):
+    page, errors, _ = _open(browser, "intro.html")
+    try:
+        hrefs = page.evaluate("() => Array.from(document.querySelectorAll('nav a')).map(a => a.getAttribute('href'))")
+        for doc in toc_files()[1:]:
+            assert any(h and h.split("#")[0].endswith(f"{doc}.html") for h in hrefs), f"no navigation link to {doc}"
+    finally:
+        page.close()
+
+
+def test_search_finds_softmax(browser):
+    page, errors, _ = _open(browser, "search.html?q=softmax")
+    try:
+        page.wait_for_selector("#search-results ul.search li", timeout=20000)
+        results = page.locator("#search-results ul.search li a").all_inner_texts()
+        assert results, "search found nothing"
+        assert not errors, errors
+    finally:
+        page.close()

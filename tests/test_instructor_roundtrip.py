@@ -1,9 +1,15 @@
 """An instructor's grading round with the plain nbgrader commands and the repo's config.
 
-In a fresh course folder: generate the assignment, collect four students'
-submissions (a correct answer, the untouched release, one with the 1/sqrt(d_k)
-scaling forgotten, and the seed's own implementation pasted in), then
-`nbgrader autograde` and `nbgrader export`, and read the grades.
+In a fresh course folder, for every assignment: `nbgrader generate_assignment`,
+then submissions from several students, `nbgrader autograde`,
+`nbgrader generate_feedback` and `nbgrader export`; the test reads grades.csv.
+
+Students:
+- ``correct``: every answer cell holds the solution's code;
+- ``untouched``: the release as downloaded;
+- ``seed``: the source material's own code pasted into the matching answer cells
+  (where the source has code for the piece; the rest from the solution);
+- ``no_scaling`` (attention only): the 1/sqrt(d_k) scaling forgotten.
 """
 import csv
 import re
@@ -12,13 +18,12 @@ import shutil
 import nbformat
 import pytest
 
-from course import EXERCISES, make_course, nbgrader, with_answer
+from course import EXERCISES, SOLUTIONS, answer_cells, assignments, make_course, nbgrader, nbgrader_meta
 from seeds import seed_code
 
-ASSIGNMENT = "attention"
-NOTEBOOK = "scaled_dot_product_attention"
-
 NO_SCALING = '''
+import torch
+
 def scaled_dot_product_attention(Q, K, V, mask=None):
     scores = Q @ K.transpose(-2, -1)
     if mask is not None:
@@ -27,69 +32,106 @@ def scaled_dot_product_attention(Q, K, V, mask=None):
     return weights @ V, weights
 '''
 
+SEED_SINUSOIDAL = '''
+{seed}
 
-def _solution_source(course):
-    nb = nbformat.read(course / "solutions" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
-    src = next(c.source for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == NOTEBOOK)
-    return re.sub(r"^\s*### (BEGIN|END) SOLUTION\n", "", src, flags=re.M)
+def sinusoidal_encoding(max_len, d_model):
+    return SinusoidalPE(d_model, max_len).pe[0]
+'''
+
+
+def seed_answers():
+    """Answer cells (by grade_id) that the source material's code fills."""
+    answers = {name: seed_code(name) for name in
+               ("scaled_dot_product_attention", "MultiHeadAttention", "FeedForward", "TransformerBlock")}
+    answers["sinusoidal_encoding"] = SEED_SINUSOIDAL.format(seed=seed_code("SinusoidalPE"))
+    return answers
+
+
+def solution_answers(source_nb):
+    return {
+        nbgrader_meta(c)["grade_id"]: re.sub(r"^\s*### (BEGIN|END) SOLUTION\n", "", c.source, flags=re.M)
+        for c in answer_cells(source_nb)
+    }
+
+
+def fill(released, answers):
+    nb = nbformat.from_dict(released)
+    for cell in answer_cells(nb):
+        gid = nbgrader_meta(cell)["grade_id"]
+        if gid in answers:
+            cell.source = answers[gid]
+    return nb
+
+
+def max_points(source_nb):
+    return sum(nbgrader_meta(c).get("points", 0) for c in source_nb.cells if nbgrader_meta(c).get("grade"))
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
+def round_trip(tmp_path_factory):
     course = make_course(tmp_path_factory.mktemp("roundtrip"))
-    nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
-    release = course / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
-    # What nbgrader released here is what the repo ships to students.
-    assert release.read_text() == (EXERCISES / ASSIGNMENT / f"{NOTEBOOK}.ipynb").read_text()
-    released = nbformat.read(release, as_version=4)
-    answers = {
-        "correct": _solution_source(course),
-        "untouched": None,
-        "no_scaling": NO_SCALING,
-        "seed": seed_code("scaled_dot_product_attention"),
-    }
-    for student, source in answers.items():
-        target = course / "submitted" / student / ASSIGNMENT
-        target.mkdir(parents=True)
-        if source is None:
-            shutil.copy(release, target / f"{NOTEBOOK}.ipynb")
-        else:
-            nbformat.write(with_answer(released, NOTEBOOK, source), target / f"{NOTEBOOK}.ipynb")
-    nbgrader(course, "autograde", ASSIGNMENT)
+    seeds = seed_answers()
+    expected = {}  # (student, assignment) -> "full" | "zero" | "partial"
+    for assignment in assignments():
+        nbgrader(course, "generate_assignment", assignment, "--force")
+        uses_seed = False
+        for release in sorted((course / "exercises" / assignment).glob("*.ipynb")):
+            # What nbgrader released here is what the repo ships to students.
+            assert release.read_text() == (EXERCISES / assignment / release.name).read_text()
+            released = nbformat.read(release, as_version=4)
+            source = nbformat.read(SOLUTIONS / assignment / release.name, as_version=4)
+            correct = solution_answers(source)
+            students = {"correct": correct, "untouched": None}
+            if set(seeds) & set(correct):
+                uses_seed = True
+                students["seed"] = {**correct, **{k: v for k, v in seeds.items() if k in correct}}
+            if assignment == "attention":
+                students["no_scaling"] = {**correct, "scaled_dot_product_attention": NO_SCALING}
+            for student, answers in students.items():
+                target = course / "submitted" / student / assignment
+                target.mkdir(parents=True, exist_ok=True)
+                if answers is None:
+                    shutil.copy(release, target / release.name)
+                else:
+                    nbformat.write(fill(released, answers), target / release.name)
+        expected[("correct", assignment)] = "full"
+        expected[("untouched", assignment)] = "zero"
+        if uses_seed:
+            expected[("seed", assignment)] = "full"
+        if assignment == "attention":
+            expected[("no_scaling", assignment)] = "partial"
+        nbgrader(course, "autograde", assignment)
+        nbgrader(course, "generate_feedback", assignment)
     nbgrader(course, "export")
     with open(course / "grades.csv", newline="") as f:
-        rows = {r["student_id"]: r for r in csv.DictReader(f)}
-    return course, rows
+        rows = {(r["student_id"], r["assignment"]): r for r in csv.DictReader(f)}
+    return course, rows, expected
 
 
-def test_every_student_is_exported(graded):
-    _, rows = graded
-    assert set(rows) == {"correct", "untouched", "no_scaling", "seed"}
+CASES = [(a, s) for a in assignments() for s in ("correct", "untouched", "seed", "no_scaling")]
 
 
-def test_correct_answer_gets_full_marks(graded):
-    _, rows = graded
-    assert float(rows["correct"]["score"]) == float(rows["correct"]["max_score"]) == 10
+@pytest.mark.parametrize("assignment, student", CASES)
+def test_exported_grade(round_trip, assignment, student):
+    _, rows, expected = round_trip
+    want = expected.get((student, assignment))
+    if want is None:
+        assert (student, assignment) not in rows or float(rows[(student, assignment)]["score"]) == 0
+        return
+    row = rows[(student, assignment)]
+    score, top = float(row["score"]), float(row["max_score"])
+    source = nbformat.read(next((SOLUTIONS / assignment).glob("*.ipynb")), as_version=4)
+    assert top == max_points(source) > 0
+    if want == "full":
+        assert score == top, f"{student} scored {score}/{top} on {assignment}"
+    elif want == "zero":
+        assert score == 0, f"{student} scored {score}/{top} on {assignment}"
+    else:
+        assert 0 < score < top, f"{student} scored {score}/{top} on {assignment}"
 
 
-def test_untouched_release_gets_zero(graded):
-    _, rows = graded
-    assert float(rows["untouched"]["score"]) == 0
-
-
-def test_forgotten_scaling_gets_partial_marks(graded):
-    _, rows = graded
-    score = float(rows["no_scaling"]["score"])
-    assert 0 < score < 10, score
-
-
-def test_seed_implementation_gets_full_marks(graded):
-    _, rows = graded
-    assert float(rows["seed"]["score"]) == 10
-
-
-def test_feedback_names_the_mistake(graded):
-    course, _ = graded
-    nbgrader(course, "generate_feedback", ASSIGNMENT)
-    html = (course / "feedback" / "no_scaling" / ASSIGNMENT / f"{NOTEBOOK}.html").read_text()
+def test_feedback_names_the_mistake(round_trip):
+    course, _, _ = round_trip
+    html = (course / "feedback" / "no_scaling" / "attention" / "scaled_dot_product_attention.html").read_text()
     assert "no scaling" in html and "sqrt(d_k)" in html
