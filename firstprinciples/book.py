@@ -2,6 +2,10 @@
 
 - Every exercise page gets a box that says how to work on the notebook locally,
   with a download link to the .ipynb.
+- Chapters are executed in parallel, one process per core, before Sphinx reads
+  them (myst-nb executes them one after the other): the results go into the
+  same execution cache that myst-nb then reads, so the pages are the same and
+  a chapter whose code did not change is not run again.
 - Inline scripts that the theme's extensions add twice (sphinx-thebe declares
   ``const THEBE_JS_URL`` twice, a console error in every browser) are kept once.
 
@@ -11,7 +15,7 @@ nbgrader generates.
 """
 from __future__ import annotations
 
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from docutils import nodes
 from sphinx import addnodes
@@ -71,8 +75,45 @@ def dedupe_scripts(app, pagename, templatename, context, doctree):
     scripts[:] = kept
 
 
+def execute_in_parallel(app, env, docnames):
+    """Fill the execution cache for the chapters about to be read, in parallel."""
+    config = app.env.config
+    if config.nb_execution_mode != "cache":
+        return
+    from jupyter_cache import get_cache
+    from jupyter_cache.executors import load_executor
+
+    cache = get_cache(config.nb_execution_cache_path or ".jupyter_cache")
+    uris = []
+    for docname in sorted(docnames):
+        path = Path(env.doc2path(docname))
+        if path.suffix != ".md" or any(PurePosixPath(path.as_posix()).match(p) for p in config.nb_execution_excludepatterns):
+            continue
+        text = path.read_text(encoding="utf-8")
+        if "```{code-cell}" not in text:
+            continue  # plain Markdown page, nothing to run
+        record = cache.add_nb_to_project(str(path), read_data={"name": "myst_nb_md", "type": "plugin"})
+        uris.append(record.uri)
+    if len(uris) < 2:
+        return  # nothing to gain; myst-nb runs a single notebook itself
+    # Notebooks already cached (same code) are skipped by the executor; one that
+    # fails is left uncached, so myst-nb runs it again and reports the error.
+    executor = load_executor("local-parallel", cache, logger=_quiet_logger())
+    executor.run_and_cache(filter_uris=uris, timeout=config.nb_execution_timeout,
+                           allow_errors=config.nb_execution_allow_errors)
+
+
+def _quiet_logger():
+    import logging
+
+    log = logging.getLogger("firstprinciples.book.execute")
+    log.setLevel(logging.WARNING)
+    return log
+
+
 def setup(app):
     # Before Sphinx's download collector (priority 500) so that it registers the file.
     app.connect("doctree-read", add_local_work_box, priority=400)
     app.connect("html-page-context", dedupe_scripts, priority=900)
+    app.connect("env-before-read-docs", execute_in_parallel, priority=400)
     return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1"}
