@@ -7,17 +7,22 @@ student's answer simply calls the reference instead of building the piece.
 """
 from .attention import causal_mask, dot_product_scores, project_qkv, scaled_dot_product_attention, softmax
 from .block import FeedForward, TransformerBlock
+from .decoding import KVCache, cached_attention_step, cross_attention, generate
 from .multihead import MultiHeadAttention, merge_heads, split_heads
 from .position import apply_rope, sinusoidal_encoding
 from .rnn import rnn_forward
 
 __all__ = [
     "FeedForward",
+    "KVCache",
     "MultiHeadAttention",
     "TransformerBlock",
     "apply_rope",
+    "cached_attention_step",
     "causal_mask",
+    "cross_attention",
     "dot_product_scores",
+    "generate",
     "merge_heads",
     "project_qkv",
     "rnn_forward",

@@ -1,0 +1,799 @@
+"""Checks for the KV-cache exercise.
+
+The student writes three pieces:
+
+- ``KVCache``: ``KVCache()`` is empty; ``append(k, v)`` takes (B, H, T_new, d_k)
+  keys and values, stores them after the ones already held and returns the full
+  ``(K, V)``; the attributes ``K`` and ``V`` hold them (``None`` while empty) and
+  ``len(cache)`` is the number of positions held.
+- ``cached_attention_step(x_new, cache, mha)``: multi-head self-attention of the
+  T_new newest tokens (B, T_new, d_model) over the cache, using the layers
+  ``mha.W_q``, ``mha.W_k``, ``mha.W_v``, ``mha.W_o`` of a course
+  ``MultiHeadAttention``; returns ``(output (B, T_new, d_model),
+  weights (B, H, T_new, T_past + T_new))``.
+- ``generate(mha, prompt, n_new)``: a toy autoregressive loop with a cache (the
+  next input is the attention output at the last position); returns the prompt
+  followed by the n_new generated vectors, (B, T_p + n_new, d_model).
+
+Correctness is checked against full recomputation (``mha`` on the whole sequence
+with a causal mask). Speed is checked by counting work, never by timing: forward
+hooks count the rows that ``W_q``, ``W_k`` and ``W_v`` project at every step (one
+per new token with a cache, the whole prefix without), and the returned weights
+show the size of each step's score matrix.
+
+Tolerances (``_core.TOLERANCES``): float32 1e-5 + 1e-4 |value|, float64 1e-10 + 1e-8 |value|.
+Cached decoding does the same arithmetic as full recomputation, one query row
+at a time instead of the whole matrix, so only the order of the d_k-term and
+T-term sums may differ (a few 1e-7 relative in float32, a few 1e-16 in
+float64); ``generate`` feeds each output back in for at most a dozen steps,
+which keeps the accumulated difference below 1e-6 in float32. Every known
+mistake moves the outputs by more than 1e-2.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import math
+
+import torch
+
+from ..guard import call_without
+from ..reference import KVCache as _RefCache
+from ..reference import MultiHeadAttention, causal_mask
+from ..reference import cached_attention_step as _ref_step
+from ..reference import generate as _ref_generate
+from ._core import Mistake, assert_matches, call_answer, close, fmt, tolerance
+
+_TORCH_ATTENTION = ("scaled_dot_product_attention", "multi_head_attention")
+
+CACHE_FORBIDDEN = dict(torch_patterns=_TORCH_ATTENTION, pieces=("KVCache",), what="the key/value cache")
+STEP_FORBIDDEN = dict(
+    torch_patterns=_TORCH_ATTENTION,
+    pieces=("cached_attention_step", "generate", "MultiHeadAttention", "scaled_dot_product_attention"),
+    what="cached attention (call mha.W_q, mha.W_k, mha.W_v and mha.W_o, not mha itself)",
+)
+# Calling mha itself in generate is allowed here: it is the uncached loop, and
+# the work count below names that mistake instead of scoring it 0 silently.
+GENERATE_FORBIDDEN = dict(
+    torch_patterns=_TORCH_ATTENTION, pieces=("generate", "cached_attention_step"), what="the generation loop"
+)
+
+
+# ---------------------------------------------------------------- the toy model
+def seeded_mha(d_model=8, n_heads=2, seed=0, dtype=torch.float32):
+    """A course ``MultiHeadAttention`` with weights drawn from ``seed`` (global RNG untouched).
+
+    W_q and W_k have entries of std 1/sqrt(d_model), W_v and W_o 1.3/sqrt(d_model):
+    with these, vectors fed back by ``generate`` neither vanish nor blow up over
+    a dozen steps (so comparisons stay meaningful), and the attention is not so
+    sharp that float32 rounding gets amplified from one step to the next.
+    """
+    with torch.random.fork_rng(devices=[]):
+        mha = MultiHeadAttention(d_model, n_heads)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, std in (("W_q", 1.0), ("W_k", 1.0), ("W_v", 1.3), ("W_o", 1.3)):
+            w = torch.randn(d_model, d_model, generator=g, dtype=torch.float64) * std / math.sqrt(d_model)
+            getattr(mha, name).weight.copy_(w)
+    return mha.to(dtype)
+
+
+@contextlib.contextmanager
+def counting_rows(mha):
+    """Count the rows (token positions) that mha.W_q, W_k and W_v project.
+
+    Yields a dict {"W_q": n, "W_k": n, "W_v": n}, updated at every call of the layers.
+    """
+    counts = {"W_q": 0, "W_k": 0, "W_v": 0}
+
+    def hook(name):
+        def record(module, inputs, output):
+            counts[name] += inputs[0].shape[:-1].numel()
+
+        return record
+
+    handles = [getattr(mha, n).register_forward_hook(hook(n)) for n in counts]
+    try:
+        yield counts
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def full_recomputation(mha, x):
+    """The uncached answer: mha on the whole sequence with a causal mask."""
+    with torch.no_grad():
+        return mha(x, causal_mask(x.shape[1], x.dtype))
+
+
+# ---------------------------------------------------------------- KVCache mistakes
+class _NotUpdated:
+    """Concatenates into a local variable: only the first append is stored."""
+
+    def __init__(self):
+        self.K = self.V = None
+
+    def append(self, k, v):
+        if self.K is None:
+            self.K, self.V = k, v
+            return k, v
+        K = torch.cat([self.K, k], dim=-2)
+        V = torch.cat([self.V, v], dim=-2)
+        return K, V
+
+    def __len__(self):
+        return 0 if self.K is None else self.K.shape[-2]
+
+
+class _Overwritten(_NotUpdated):
+    def append(self, k, v):
+        self.K, self.V = k, v
+        return k, v
+
+
+def _cat_cache(dim, prepend=False):
+    class _Cache(_NotUpdated):
+        def append(self, k, v):
+            if self.K is None:
+                self.K, self.V = k, v
+            elif prepend:
+                self.K, self.V = torch.cat([k, self.K], dim=dim), torch.cat([v, self.V], dim=dim)
+            else:
+                self.K, self.V = torch.cat([self.K, k], dim=dim), torch.cat([self.V, v], dim=dim)
+            return self.K, self.V
+
+    return _Cache
+
+
+class _LenCountsAppends(_cat_cache(-2)):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def append(self, k, v):
+        self.calls += 1
+        return super().append(k, v)
+
+    def __len__(self):
+        return self.calls
+
+
+CACHE_MISTAKES = (
+    Mistake("cache not updated",
+            "store the concatenation back in self.K and self.V (self.K = torch.cat(...)); "
+            "a local variable is forgotten as soon as append returns.", _NotUpdated),
+    Mistake("overwritten instead of appended",
+            "the cache must keep every earlier key and value: concatenate the new ones after them.", _Overwritten),
+    Mistake("appended along the feature dim",
+            "K and V are (B, H, T, d_k): new positions go along the time axis, dim=-2 (2), not dim=-1.",
+            _cat_cache(-1)),
+    Mistake("appended along the head dim",
+            "K and V are (B, H, T, d_k): new positions go along the time axis, dim=-2 (2), not dim=1.",
+            _cat_cache(1)),
+    Mistake("new entries prepended",
+            "put the new keys and values after the old ones: row t of the cache must be token t "
+            "(the causal mask of a prompt relies on that order).", _cat_cache(-2, prepend=True)),
+    Mistake("len counts appends",
+            "len(cache) is the number of positions held (K.shape[-2]), not the number of append calls: "
+            "a prompt appends several positions at once.", _LenCountsAppends),
+)
+
+
+# ---------------------------------------------------------------- KVCache checks
+def _cache_run(cls, chunks, B, H, d_k, d_v, dtype, seed, guarded):
+    """Append random chunks; return [(K, V, len)] after each append, plus the inputs."""
+    g = torch.Generator().manual_seed(seed)
+    ks = [torch.randn(B, H, n, d_k, generator=g, dtype=dtype) for n in chunks]
+    vs = [torch.randn(B, H, n, d_v, generator=g, dtype=dtype) for n in chunks]
+    if guarded:
+        cache = call_without(cls, (), **CACHE_FORBIDDEN)
+    else:
+        cache = cls()
+    record = []
+    for k, v in zip(ks, vs):
+        if guarded:
+            try:
+                K, V = call_answer(cache.append, (k, v), names=("K", "V"), forbidden=CACHE_FORBIDDEN)
+            except AssertionError:
+                raise
+            except Exception as err:
+                held = sum(r[2] for r in record[-1:])
+                raise AssertionError(
+                    f"append raised {type(err).__name__}: {err}\n(appending keys of shape {tuple(k.shape)} to a "
+                    f"cache that reported {held} positions). New positions go along the time axis, dim=-2."
+                ) from None
+            n = call_without(len, (cache,), **CACHE_FORBIDDEN)
+        else:
+            K, V = cache.append(k.clone(), v.clone())
+            n = len(cache)
+        record.append((K, V, n, getattr(cache, "K", None), getattr(cache, "V", None)))
+    return cache, record, ks, vs
+
+
+def _same_cache_record(a, b):
+    return len(a) == len(b) and all(
+        x[2] == y[2] and all(close(p, q, *tolerance(q.dtype)) for p, q in zip(x[:2], y[:2])) for x, y in zip(a, b)
+    )
+
+
+def _diagnose_cache(record, args):
+    try:
+        right = _cache_run(_RefCache, *args, guarded=False)[1]
+    except Exception:  # pragma: no cover - the reference does not fail
+        right = None
+    found = []
+    for m in CACHE_MISTAKES:
+        try:
+            res = _cache_run(m.fn, *args, guarded=False)[1]
+        except Exception:
+            continue
+        if _same_cache_record(record, res) and not _same_cache_record(res, right):
+            found.append(m)
+    return found
+
+
+def _with_named(check, found_fn):
+    try:
+        check()
+    except AssertionError as err:
+        found = found_fn()
+        if found:
+            lines = "\n".join(f"  - {m.label}: {m.hint}" for m in found)
+            raise AssertionError(f"{err}\nYour answer matches a typical mistake:\n{lines}") from None
+        raise
+
+
+def _check_cache_case(cls, chunks, B=2, H=2, d_k=4, d_v=4, dtype=torch.float64, seed=0):
+    args = (chunks, B, H, d_k, d_v, dtype, seed)
+    cache, record, ks, vs = _cache_run(cls, *args, guarded=True)
+    label = f"(B={B}, H={H}, d_k={d_k}, d_v={d_v}, {str(dtype).replace('torch.', '')}, appending {list(chunks)} positions)"
+
+    def check():
+        held = 0
+        for i, (K, V, n, K_attr, V_attr) in enumerate(record):
+            held += chunks[i]
+            where = f"after append number {i + 1} {label}"
+            assert_matches("K", K, torch.cat(ks[: i + 1], dim=-2), context=where)
+            assert_matches("V", V, torch.cat(vs[: i + 1], dim=-2), context=where)
+            assert n == held, f"len(cache) is {n} {where}, but the cache holds {held} positions (K.shape[-2])."
+            for name, attr, ret in (("K", K_attr, K), ("V", V_attr, V)):
+                assert isinstance(attr, torch.Tensor) and close(attr, ret, *tolerance(dtype)), (
+                    f"cache.{name} {where} should be the full {name} that append returned "
+                    f"(the attributes K and V hold everything cached so far)."
+                )
+
+    _with_named(check, lambda: _diagnose_cache(record, args))
+    return record
+
+
+def check_kv_cache(KVCache, full=True):
+    """Appending a prompt chunk, then one position at a time: returned K and V,
+    the attributes K and V, len(cache), dtype, untouched inputs.
+
+    ``full=False`` runs the visible case only (float64, B=2, H=2, d_k=4).
+    """
+    cache = call_without(KVCache, (), **CACHE_FORBIDDEN)
+    n = call_without(len, (cache,), **CACHE_FORBIDDEN)
+    assert n == 0, f"A new cache should be empty: len(KVCache()) is {n}, expected 0."
+    for attr in ("K", "V"):
+        assert getattr(cache, attr, "missing") is None, (
+            f"A new cache should have the attribute {attr} set to None (it is "
+            f"{'missing' if not hasattr(cache, attr) else type(getattr(cache, attr)).__name__})."
+        )
+    for chunks in ((1, 1, 1), (3, 1, 2)):
+        record = _check_cache_case(KVCache, chunks)
+        print(f"appending {list(chunks)} positions: K grew {' -> '.join(str(tuple(r[0].shape)) for r in record)}; "
+              f"len(cache) = {record[-1][2]}.")
+    if not full:
+        return
+    for seed, (chunks, B, H, d_k, d_v) in enumerate(
+        [((1,) * 6, 1, 1, 2, 2), ((2, 3, 1), 3, 4, 8, 5), ((5,), 2, 2, 4, 4), ((1, 4, 1, 2), 1, 3, 6, 6)], start=1
+    ):
+        for dtype in (torch.float32, torch.float64):
+            _check_cache_case(KVCache, chunks, B, H, d_k, d_v, dtype, seed)
+
+
+def check_kv_cache_gradients(KVCache):
+    """Gradients flow from the returned K and V back to every appended k and v."""
+    g = torch.Generator().manual_seed(3)
+    ks = [torch.randn(1, 2, n, 3, generator=g, dtype=torch.float64, requires_grad=True) for n in (2, 1, 1)]
+    vs = [torch.randn(1, 2, n, 3, generator=g, dtype=torch.float64, requires_grad=True) for n in (2, 1, 1)]
+    cache = call_without(KVCache, (), **CACHE_FORBIDDEN)
+    for k, v in zip(ks, vs):
+        K, V = call_answer(cache.append, (k, v), names=("K", "V"), forbidden=CACHE_FORBIDDEN)
+    if tuple(K.shape) != (1, 2, 4, 3) or tuple(V.shape) != (1, 2, 4, 3):
+        raise AssertionError(
+            f"After appending 2, 1 and 1 positions of shape (1, 2, n, 3), K and V should be (1, 2, 4, 3); "
+            f"got {tuple(K.shape)} and {tuple(V.shape)} (check_kv_cache says more)."
+        )
+    if not (K.requires_grad and V.requires_grad):
+        raise AssertionError(
+            "The K and V returned by append do not require grad although the appended keys and values do: "
+            "the cache must keep them as they are (no .detach(), no torch.tensor(...) copies)."
+        )
+    weights = torch.arange(1, K.numel() + 1, dtype=torch.float64).reshape(K.shape)
+    grads = torch.autograd.grad((K * weights).sum() + (V * weights).sum(), ks + vs, allow_unused=True)
+    start = 0
+    for i, k in enumerate(ks):
+        n = k.shape[-2]
+        want = weights[..., start : start + n, :]
+        for name, gr in (("k", grads[i]), ("v", grads[len(ks) + i])):
+            if gr is None or not close(gr, want, 1e-12, 0):
+                raise AssertionError(
+                    f"The gradient of the cache reaching the {name} of append number {i + 1} is wrong or missing: "
+                    "each appended entry should pass its gradient straight through (torch.cat does)."
+                )
+        start += n
+
+
+# ---------------------------------------------------------------- step mistakes
+def _heads(x, n_heads):
+    B, T, d = x.shape
+    return x.reshape(B, T, n_heads, d // n_heads).transpose(1, 2)  # (B, H, T, d_k)
+
+
+def _merge(x):
+    B, H, T, d_k = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * d_k)
+
+
+def _attend(q, K, V, mask=None):
+    s = q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s + mask
+    w = torch.softmax(s, dim=-1)
+    return w @ V, w
+
+
+def _offset_mask(T_new, T_past, dtype, offset=True):
+    full = torch.full((T_new, T_past + T_new), float("-inf"), dtype=dtype)
+    return torch.triu(full, diagonal=(T_past if offset else 0) + 1)
+
+
+def _project(x_new, mha):
+    H = mha.n_heads
+    return _heads(mha.W_q(x_new), H), _heads(mha.W_k(x_new), H), _heads(mha.W_v(x_new), H)
+
+
+def _step_not_updated(x_new, cache, mha):
+    q, k, v = _project(x_new, mha)
+    T_new, T_past = x_new.shape[1], len(cache)
+    K = k if cache.K is None else torch.cat([cache.K, k], dim=-2)  # never stored
+    V = v if cache.V is None else torch.cat([cache.V, v], dim=-2)
+    mask = _offset_mask(T_new, T_past, x_new.dtype) if T_new > 1 else None
+    out, w = _attend(q, K, V, mask)
+    return mha.W_o(_merge(out)), w
+
+
+def _step_self_left_out(x_new, cache, mha):
+    q, k, v = _project(x_new, mha)
+    T_new = x_new.shape[1]
+    K_old, V_old = cache.K, cache.V
+    cache.append(k, v)
+    if K_old is None:  # nothing cached yet: only the chunk itself to look at
+        out, w = _attend(q, k, v, _offset_mask(T_new, 0, x_new.dtype) if T_new > 1 else None)
+    else:  # the old cache only: every key there is in the past, so nothing to mask
+        out, w = _attend(q, K_old, V_old)
+    return mha.W_o(_merge(out)), w
+
+
+def _step_mask_hides_cache(x_new, cache, mha):
+    q, k, v = _project(x_new, mha)
+    T_new = x_new.shape[1]
+    K, V = cache.append(k, v)
+    mask = _offset_mask(T_new, K.shape[-2] - T_new, x_new.dtype, offset=False)  # rows 0..T_new-1 of the big mask
+    out, w = _attend(q, K, V, mask)
+    return mha.W_o(_merge(out)), w
+
+
+def _step_no_chunk_mask(x_new, cache, mha):
+    q, k, v = _project(x_new, mha)
+    K, V = cache.append(k, v)
+    out, w = _attend(q, K, V)
+    return mha.W_o(_merge(out)), w
+
+
+def _step_stale_queries(x_new, cache, mha):
+    q, k, v = _project(x_new, mha)
+    T_new = x_new.shape[1]
+    K, V = cache.append(k, v)
+    if getattr(cache, "Q", None) is None:
+        cache.Q = q
+    else:
+        cache.Q = torch.cat([cache.Q, q], dim=-2)
+    q_used = cache.Q[..., :T_new, :]  # the oldest queries, not the newest
+    mask = _offset_mask(T_new, K.shape[-2] - T_new, x_new.dtype) if T_new > 1 else None
+    out, w = _attend(q_used, K, V, mask)
+    return mha.W_o(_merge(out)), w
+
+
+def _step_queries_cached(x_new, cache, mha):
+    q, k, v = _project(x_new, mha)
+    T_new = x_new.shape[1]
+    K, V = cache.append(k, v)
+    cache.Q = q if getattr(cache, "Q", None) is None else torch.cat([cache.Q, q], dim=-2)
+    T = K.shape[-2]
+    out, w = _attend(cache.Q, K, V, causal_mask(T, x_new.dtype))  # (T, T) scores every step
+    return mha.W_o(_merge(out[..., -T_new:, :])), w[..., -T_new:, :]
+
+
+def _step_recomputes(x_new, cache, mha):
+    cache.x = x_new if getattr(cache, "x", None) is None else torch.cat([cache.x, x_new], dim=1)
+    T_new, T = x_new.shape[1], cache.x.shape[1]
+    q = _heads(mha.W_q(x_new), mha.n_heads)
+    K = _heads(mha.W_k(cache.x), mha.n_heads)  # every key, again
+    V = _heads(mha.W_v(cache.x), mha.n_heads)
+    cache.K, cache.V = K, V
+    mask = _offset_mask(T_new, T - T_new, x_new.dtype) if T_new > 1 else None
+    out, w = _attend(q, K, V, mask)
+    return mha.W_o(_merge(out)), w
+
+
+STEP_MISTAKES = (
+    Mistake("cache not updated",
+            "call cache.append(k, v) with the new keys and values and attend over the K, V it returns: "
+            "what is not stored is missing at the next step.", _step_not_updated),
+    Mistake("new token left out",
+            "append first, then attend: a token attends to itself too (the diagonal of the causal mask is 0).",
+            _step_self_left_out),
+    Mistake("mask hides the cache",
+            "new token i sits at position len(cache) + i (count the cached tokens before appending): "
+            "mask only keys after that position, e.g. torch.triu(..., diagonal=T_past + 1). "
+            "A single new token needs no mask at all.", _step_mask_hides_cache),
+    Mistake("no mask within a chunk",
+            "when several new tokens arrive at once (a prompt), each must not see the ones after it: "
+            "mask keys j > T_past + i for new token i.", _step_no_chunk_mask),
+    Mistake("stale queries",
+            "queries are never cached: each step uses the queries of its own new tokens, computed from x_new.",
+            _step_stale_queries),
+    Mistake("queries cached",
+            "only the newest token's query is needed; storing every query and scoring the whole (T, T) matrix "
+            "again at every step throws the saving away. Keep Q out of the cache.", _step_queries_cached),
+    Mistake("recomputing everything",
+            "project only x_new: the keys and values of earlier tokens are already in the cache "
+            "(they never change under a causal mask).", _step_recomputes),
+)
+
+
+# ---------------------------------------------------------------- step checks
+@dataclasses.dataclass
+class _StepRun:
+    outputs: list
+    weights: list
+    lens: list
+    shapes: list
+    rows: list
+    extra: list
+
+
+def _step_run(step, mha, x, chunks, guarded, x_leaf=None):
+    """Feed x (B, T, d_model) to ``step`` in ``chunks``, with a fresh reference cache."""
+    cache = _RefCache()
+    run = _StepRun([], [], [], [], [], [])
+    start = 0
+    with counting_rows(mha) as counts:
+        for n in chunks:
+            x_new = x[:, start : start + n]
+            before = dict(counts)
+            if guarded:
+                out, w = call_answer(step, (x_new, cache, mha), names=("output", "weights"), forbidden=STEP_FORBIDDEN)
+            else:
+                out, w = step(x_new.clone(), cache, mha)
+            run.outputs.append(out)
+            run.weights.append(w)
+            run.lens.append(len(cache))
+            run.shapes.append(None if cache.K is None else tuple(cache.K.shape))
+            run.rows.append(tuple(counts[k] - before[k] for k in ("W_q", "W_k", "W_v")))
+            run.extra.append(tuple(sorted(set(vars(cache)) - {"K", "V"})))
+            start += n
+    return run
+
+
+def _same_step_run(a, b):
+    if a is None or b is None or len(a.outputs) != len(b.outputs):
+        return False
+    # Extra state is compared by presence only: where a cached Q is kept does not matter.
+    if (a.lens, a.shapes, a.rows, [bool(e) for e in a.extra]) != (b.lens, b.shapes, b.rows, [bool(e) for e in b.extra]):
+        return False
+    return all(close(p, q, *tolerance(q.dtype)) for p, q in zip(a.outputs + a.weights, b.outputs + b.weights))
+
+
+def _diagnose_step(run, mha, x, chunks):
+    with torch.no_grad():
+        right = _step_run(_ref_step, mha, x, chunks, guarded=False)
+        found = []
+        for m in STEP_MISTAKES:
+            try:
+                res = _step_run(m.fn, mha, x, chunks, guarded=False)
+            except Exception:
+                continue
+            if _same_step_run(run, res) and not _same_step_run(res, right):
+                found.append(m)
+    return found
+
+
+def _case(B, T, d_model, n_heads, dtype, seed):
+    mha = seeded_mha(d_model, n_heads, seed, dtype)
+    g = torch.Generator().manual_seed(1000 + seed)
+    x = torch.randn(B, T, d_model, generator=g, dtype=dtype)
+    return mha, x
+
+
+def _check_steps(step, mha, x, chunks, *, verbose=False):
+    B, T, d_model = x.shape
+    H, d_k = mha.n_heads, d_model // mha.n_heads
+    run = _step_run(step, mha, x, chunks, guarded=True)
+    full_out, full_w = full_recomputation(mha, x)
+    dtype = str(x.dtype).replace("torch.", "")
+    label = f"(B={B}, d_model={d_model}, n_heads={H}, {dtype}, new tokens per call {list(chunks)})"
+    atol, rtol = tolerance(x.dtype)
+
+    def check():
+        start = 0
+        for i, n in enumerate(chunks):
+            end = start + n
+            where = f"at call {i + 1} (tokens {start}..{end - 1}) {label}"
+            out, w = run.outputs[i], run.weights[i]
+            if tuple(out.shape) != (B, n, d_model):
+                raise AssertionError(f"output {where} has shape {tuple(out.shape)}; expected {(B, n, d_model)}, "
+                                     "one row per new token.")
+            if tuple(w.shape) != (B, H, n, end):
+                why = (
+                    "the score matrix of a step has one row per new token, not one per token of the sequence"
+                    if w.dim() == 4 and w.shape[-2] != n
+                    else "every new query is scored against the cached keys and the new ones"
+                )
+                raise AssertionError(
+                    f"weights {where} have shape {tuple(w.shape)}; expected {(B, H, n, end)}: "
+                    f"the {n} new queries against all {end} keys held so far ({why})."
+                )
+            if run.lens[i] != end:
+                raise AssertionError(
+                    f"After call {i + 1} the cache holds {run.lens[i]} positions but should hold {end}: "
+                    f"it must grow by exactly the {n} new token(s) at every call."
+                )
+            if run.shapes[i] != (B, H, end, d_k):
+                raise AssertionError(
+                    f"After call {i + 1} cache.K has shape {run.shapes[i]}; expected {(B, H, end, d_k)}: "
+                    "append keys and values split into heads, (B, H, T_new, d_k)."
+                )
+            q_rows, k_rows, v_rows = run.rows[i]
+            if (q_rows, k_rows, v_rows) == (0, 0, 0):
+                raise AssertionError(
+                    f"Call {i + 1} did not use the layers mha.W_q, mha.W_k, mha.W_v: call them on x_new "
+                    "(for example mha.W_k(x_new)) so that the work can be counted."
+                )
+            if (q_rows, k_rows, v_rows) != (B * n, B * n, B * n):
+                raise AssertionError(
+                    f"Call {i + 1} {label} projected {q_rows // B} query, {k_rows // B} key and {v_rows // B} value "
+                    f"rows per sequence; with a cache it needs {n} of each (the new tokens only). Projecting the "
+                    f"whole prefix again ({end} rows) is recomputing everything, the cost the cache exists to avoid."
+                )
+            if run.extra[i]:
+                raise AssertionError(
+                    f"After call {i + 1} the cache carries extra attributes {list(run.extra[i])}: it should hold the "
+                    "keys K and the values V and nothing else. Queries are never cached (only the newest "
+                    "token's query is ever used), and neither are the inputs (re-projecting them would be "
+                    "recomputing everything)."
+                )
+            assert_matches("weights", w, full_w[:, :, start:end, :end], context=where + ", against full recomputation")
+            start = end
+        got = torch.cat(run.outputs, dim=1)
+        assert_matches("output", got, full_out, context=f"{label}, against full recomputation")
+
+    try:
+        check()
+    except AssertionError as err:
+        found = _diagnose_step(run, mha, x, chunks)
+        if found:
+            lines = "\n".join(f"  - {m.label}: {m.hint}" for m in found)
+            raise AssertionError(f"{err}\nYour answer matches a typical mistake:\n{lines}") from None
+        raise
+    if verbose:
+        diff = (torch.cat(run.outputs, dim=1).detach() - full_out).abs().max().item()
+        rows = sum(r[1] for r in run.rows) // B
+        uncached = sum(itertools.accumulate(chunks))  # every call re-projecting its whole prefix
+        print(
+            f"cached vs full recomputation {label}: max |difference| = {fmt(diff)} "
+            f"(tolerance {atol:g} + {rtol:g}·|value|)."
+        )
+        print(
+            f"keys projected per sequence: {rows} with your cache, {uncached} if every call re-ran the whole prefix."
+        )
+    return run
+
+
+def check_one_token_at_a_time(cached_attention_step):
+    """Six tokens fed one at a time (float64, B=2, d_model=8, 2 heads): shapes,
+    cache growth, work done per step, and equality with full recomputation."""
+    mha, x = _case(2, 6, 8, 2, torch.float64, 0)
+    _check_steps(cached_attention_step, mha, x, [1] * 6, verbose=True)
+
+
+def check_prompt_then_tokens(cached_attention_step, full=True):
+    """A prompt of several tokens in one call (it needs a causal mask shifted by
+    the cache length), then single tokens. ``full=False``: one float32 case;
+    the full check covers several lengths, batch sizes, widths, both dtypes.
+    """
+    mha, x = _case(2, 7, 8, 2, torch.float32, 1)
+    _check_steps(cached_attention_step, mha, x, [3, 1, 1, 2], verbose=not full)
+    if not full:
+        return
+    cases = [
+        # (B, d_model, n_heads, chunks)
+        (1, 4, 1, [1]),
+        (3, 8, 2, [4]),
+        (1, 12, 3, [2, 1, 3, 1, 1]),
+        (4, 16, 4, [1] * 9),
+        (2, 8, 4, [5, 1, 1, 1]),
+    ]
+    for seed, (B, d_model, H, chunks) in enumerate(cases, start=2):
+        for dtype in (torch.float32, torch.float64):
+            mha, x = _case(B, sum(chunks), d_model, H, dtype, seed)
+            _check_steps(cached_attention_step, mha, x, chunks)
+
+
+def check_step_gradients(cached_attention_step, full=True):
+    """Gradients reach the inputs, through the cache to earlier tokens, and the
+    weights W_q, W_k, W_v, W_o; the full check compares them with full recomputation (float64)."""
+    mha, x0 = _case(2, 5, 8, 2, torch.float64, 21)
+    x = x0.clone().requires_grad_(True)
+    cache = _RefCache()
+    outs = []
+    for t in range(5):
+        out, _ = call_answer(cached_attention_step, (x[:, t : t + 1], cache, mha), names=("output", "weights"),
+                             forbidden=STEP_FORBIDDEN)
+        outs.append(out)
+    if not outs[-1].requires_grad:
+        raise AssertionError(
+            "The output does not require grad although x and the weights do: gradients cannot flow back. "
+            "Avoid .detach(), .numpy(), .item() and torch.no_grad() inside the step."
+        )
+    params = [mha.W_q.weight, mha.W_k.weight, mha.W_v.weight, mha.W_o.weight]
+    loss = outs[-1].pow(2).sum()
+    grads = torch.autograd.grad(loss, [x] + params, allow_unused=True)
+    for name, gr in zip(("x", "W_q", "W_k", "W_v", "W_o"), grads):
+        if gr is None:
+            raise AssertionError(f"No gradient of the last output reaches {name}: is it used (and not detached)?")
+    if grads[0][:, 0].abs().max().item() == 0:
+        raise AssertionError(
+            "The last token's output has no gradient with respect to the first token: the first token's key and "
+            "value should reach the last step through the cache (is something detached or left out?)."
+        )
+    if not full:
+        return
+    x_full = x0.clone().requires_grad_(True)
+    out_full, _ = mha(x_full, causal_mask(5, x0.dtype))
+    want = torch.autograd.grad(out_full[:, -1:].pow(2).sum(), [x_full] + params)
+    for name, gr, w in zip(("x", "W_q", "W_k", "W_v", "W_o"), grads, want):
+        assert_matches(f"the gradient with respect to {name}", gr, w, context="of the last output, squared and summed")
+
+
+# ---------------------------------------------------------------- generate
+def _plain_step(x_new, cache, mha):
+    """A correct cached step, not marked as the reference (the generate mistakes use it)."""
+    q, k, v = _project(x_new, mha)
+    T_new = x_new.shape[1]
+    K, V = cache.append(k, v)
+    mask = _offset_mask(T_new, K.shape[-2] - T_new, x_new.dtype) if T_new > 1 else None
+    out, w = _attend(q, K, V, mask)
+    return mha.W_o(_merge(out)), w
+
+
+def _gen_new_cache_each_step(mha, prompt, n_new):
+    seq, x_new = prompt, prompt
+    for _ in range(n_new):
+        out, _ = _plain_step(x_new, _RefCache(), mha)
+        x_new = out[:, -1:]
+        seq = torch.cat([seq, x_new], dim=1)
+    return seq
+
+
+def _gen_first_row(mha, prompt, n_new):
+    cache, seq, x_new = _RefCache(), prompt, prompt
+    for _ in range(n_new):
+        out, _ = _plain_step(x_new, cache, mha)
+        x_new = out[:, :1]
+        seq = torch.cat([seq, x_new], dim=1)
+    return seq
+
+
+def _gen_whole_sequence_each_step(mha, prompt, n_new):
+    cache, seq = _RefCache(), prompt
+    for _ in range(n_new):
+        out, _ = _plain_step(seq, cache, mha)
+        seq = torch.cat([seq, out[:, -1:]], dim=1)
+    return seq
+
+
+def _gen_uncached(mha, prompt, n_new):
+    return _ref_generate.__wrapped__(mha, prompt, n_new, use_cache=False)
+
+
+GENERATE_MISTAKES = (
+    Mistake("new cache every step",
+            "create the KVCache once, before the loop: a fresh cache forgets every earlier token.",
+            _gen_new_cache_each_step),
+    Mistake("first position fed back",
+            "the next input is the output at the last position, out[:, -1:], not out[:, :1].", _gen_first_row),
+    Mistake("whole sequence fed at every step",
+            "after the prompt, pass only the newest vector (B, 1, d_model): everything before it is in the cache.",
+            _gen_whole_sequence_each_step),
+    Mistake("recomputing everything",
+            "use a KVCache and cached_attention_step: run the prompt through once, then one new vector per step.",
+            _gen_uncached),
+)
+
+
+def _gen_run(fn, mha, prompt, n_new, guarded):
+    with counting_rows(mha) as counts:
+        if guarded:
+            (seq,) = call_answer(fn, (mha, prompt, n_new), names=("sequence",), forbidden=GENERATE_FORBIDDEN)
+        else:
+            seq = fn(mha, prompt.clone(), n_new)
+    return seq, counts["W_k"]
+
+
+def _check_generate_case(generate, B, T_p, n_new, d_model, n_heads, dtype, seed, verbose=False):
+    mha = seeded_mha(d_model, n_heads, seed, dtype)
+    g = torch.Generator().manual_seed(2000 + seed)
+    prompt = torch.randn(B, T_p, d_model, generator=g, dtype=dtype)
+    seq, k_rows = _gen_run(generate, mha, prompt, n_new, guarded=True)
+    with torch.no_grad():
+        want = _ref_generate.__wrapped__(mha, prompt, n_new, use_cache=False)
+    label = f"(B={B}, prompt of {T_p}, n_new={n_new}, d_model={d_model}, n_heads={n_heads}, {str(dtype).replace('torch.', '')})"
+    cached_rows, uncached_rows = T_p + n_new - 1, sum(range(T_p, T_p + n_new))
+
+    def check():
+        if tuple(seq.shape) != (B, T_p + n_new, d_model):
+            raise AssertionError(
+                f"The sequence {label} has shape {tuple(seq.shape)}; expected {(B, T_p + n_new, d_model)}: "
+                "the prompt followed by the n_new generated vectors."
+            )
+        assert_matches("the prompt part of the sequence", seq[:, :T_p], prompt, context=label)
+        assert_matches("the generated vectors", seq[:, T_p:], want[:, T_p:], context=label + ", against generation without a cache")
+        # One spare step (feeding the last vector too) is tolerated; re-projecting the prefix is not.
+        if k_rows > B * (T_p + n_new):
+            raise AssertionError(
+                f"Generation {label} projected {k_rows // B} key rows per sequence; with a cache it needs "
+                f"{cached_rows} (the prompt once, then one per new vector). Without a cache it would be "
+                f"{uncached_rows}: yours re-projects the prefix."
+            )
+
+    try:
+        check()
+    except AssertionError as err:
+        found = []
+        with torch.no_grad():
+            right = _gen_run(lambda m, p, n: _ref_generate.__wrapped__(m, p, n), mha, prompt, n_new, False)
+            for m in GENERATE_MISTAKES:
+                try:
+                    res = _gen_run(m.fn, mha, prompt, n_new, False)
+                except Exception:
+                    continue
+                same = res[1] == k_rows and close(seq, res[0], *tolerance(dtype))
+                differs = res[1] != right[1] or not close(res[0], right[0], *tolerance(dtype))
+                if same and differs:
+                    found.append(m)
+        if found:
+            lines = "\n".join(f"  - {m.label}: {m.hint}" for m in found)
+            raise AssertionError(f"{err}\nYour answer matches a typical mistake:\n{lines}") from None
+        raise
+    if verbose:
+        diff = (seq.detach() - want).abs().max().item()
+        print(f"generate {label}: max |difference| from generation without a cache = {fmt(diff)}")
+        print(f"keys projected per sequence: {k_rows // B} with your cache, {uncached_rows} without one.")
+
+
+def check_generate(generate, full=True):
+    """A prompt of 3 vectors extended by 4, against generation without a cache,
+    with the work counted. The full check adds lengths, batch sizes, widths and float32."""
+    _check_generate_case(generate, 2, 3, 4, 8, 2, torch.float64, 0, verbose=True)
+    if not full:
+        return
+    for seed, (B, T_p, n_new, d_model, H) in enumerate(
+        [(1, 1, 1, 4, 1), (1, 1, 8, 8, 2), (3, 5, 6, 12, 3), (2, 2, 10, 16, 4)], start=1
+    ):
+        for dtype in (torch.float32, torch.float64):
+            _check_generate_case(generate, B, T_p, n_new, d_model, H, dtype, seed)
