@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from firstprinciples import examples, reference
 from firstprinciples.checks import attention as A
+from checktable import assert_passes, expectations_test, naming_test, outcome, rejections_test, variants_test
 from seeds import seed_namespace
 
 CHECKS = {
@@ -140,46 +141,25 @@ VARIANTS = {m.label: (m.fn, MISTAKE_FAILS[m.label]) for m in A.MISTAKES}
 VARIANTS.update(OTHER_VARIANTS)
 
 
-def outcome(check, fn):
-    try:
-        check(fn)
-    except Exception as err:  # any exception fails a notebook test cell
-        return False, err
-    return True, None
-
-
-def test_every_mistake_has_an_expectation():
-    assert set(MISTAKE_FAILS) == {m.label for m in A.MISTAKES}
+test_every_mistake_has_an_expectation = expectations_test((MISTAKE_FAILS, A.MISTAKES))
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_reference_passes(name):
-    ok, err = outcome(CHECKS[name], correct)
-    assert ok, f"the reference fails {name}: {err}"
+    assert_passes(CHECKS[name], correct, f"the reference fails {name}")
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_seed_implementation_passes(name):
     seed = seed_namespace("scaled_dot_product_attention")["scaled_dot_product_attention"]
-    ok, err = outcome(CHECKS[name], seed)
-    assert ok, f"the seed's implementation fails {name}: {err}"
+    assert_passes(CHECKS[name], seed, f"the seed's implementation fails {name}")
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_variant_fails_exactly_the_expected_checks(variant):
-    fn, must_fail = VARIANTS[variant]
-    failed = {name for name, check in CHECKS.items() if not outcome(check, fn)[0]}
-    assert failed == must_fail, f"{variant}: failed {sorted(failed)}, expected {sorted(must_fail)}"
-
-
-@pytest.mark.parametrize("name", sorted(CHECKS))
-def test_each_check_rejects_at_least_five_variants(name):
-    rejected = [v for v, (_, fails) in VARIANTS.items() if name in fails]
-    assert len(rejected) >= 5, f"{name} rejects only {rejected}"
-
-
-@pytest.mark.parametrize(
-    "label, check",
+test_variant_fails_exactly_the_expected_checks = variants_test(CHECKS, VARIANTS)
+test_each_check_rejects_at_least_five_variants = rejections_test(CHECKS, VARIANTS)
+test_failure_names_the_mistake = naming_test(
+    CHECKS,
+    VARIANTS,
     [
         ("no scaling", "worked"),
         ("scaled by d_k", "worked"),
@@ -192,11 +172,6 @@ def test_each_check_rejects_at_least_five_variants(name):
         ("scaled by sqrt(d_v)", "random"),
     ],
 )
-def test_failure_names_the_mistake(label, check):
-    fn = VARIANTS[label][0]
-    ok, err = outcome(CHECKS[check], fn)
-    assert not ok
-    assert "typical mistake" in str(err) and label in str(err), str(err)
 
 
 def test_correct_answer_is_not_diagnosed_with_a_mistake_that_equals_it():

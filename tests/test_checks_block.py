@@ -20,19 +20,8 @@ from torch import nn
 
 from firstprinciples import reference
 from firstprinciples.checks import block as Bk
+from checktable import assert_passes, expectations_test, naming_test_for, outcome, rejections_test, variants_test
 from seeds import seed_namespace
-
-
-def outcome(check, answer):
-    try:
-        check(answer)
-    except Exception as err:  # any exception fails a notebook test cell
-        return False, err
-    return True, None
-
-
-def failed_checks(checks, answer):
-    return {name for name, check in checks.items() if not outcome(check, answer)[0]}
 
 
 @pytest.fixture(scope="module")
@@ -187,34 +176,20 @@ FFN_VARIANTS.update({
 })
 
 
-def test_every_ffn_mistake_has_a_variant():
-    assert set(FFN_MISTAKE_CLASSES) == {m.label for m in Bk.FFN_MISTAKES}
+test_every_ffn_mistake_has_a_variant = expectations_test((FFN_MISTAKE_CLASSES, Bk.FFN_MISTAKES))
 
 
 @pytest.mark.parametrize("name", sorted(FFN_CHECKS))
 def test_ffn_checks_accept_correct_answers(name, seed):
     for answer in (GoodFFN, FFNSequential, seed["FeedForward"]):
-        ok, err = outcome(FFN_CHECKS[name], answer)
-        assert ok, f"a correct FeedForward ({answer.__name__}) fails {name}: {err}"
+        assert_passes(FFN_CHECKS[name], answer, f"a correct FeedForward ({answer.__name__}) fails {name}")
 
 
-@pytest.mark.parametrize("variant", sorted(FFN_VARIANTS))
-def test_ffn_variant_fails_exactly_the_expected_checks(variant):
-    cls, must_fail = FFN_VARIANTS[variant]
-    failed = failed_checks(FFN_CHECKS, cls)
-    assert failed == must_fail, f"{variant}: failed {sorted(failed)}, expected {sorted(must_fail)}"
-
-
-@pytest.mark.parametrize("name", sorted(FFN_CHECKS))
-def test_each_ffn_check_rejects_at_least_five_variants(name):
-    rejected = [v for v, (_, fails) in FFN_VARIANTS.items() if name in fails]
-    assert len(rejected) >= 5, f"{name} rejects only {rejected}"
-
-
-@pytest.mark.parametrize("label", sorted(FFN_MISTAKE_CLASSES))
-def test_ffn_failure_names_the_mistake(label):
-    ok, err = outcome(Bk.check_ffn_values, FFN_MISTAKE_CLASSES[label][0])
-    assert not ok and "typical mistake" in str(err) and label in str(err), str(err)
+test_ffn_variant_fails_exactly_the_expected_checks = variants_test(FFN_CHECKS, FFN_VARIANTS)
+test_each_ffn_check_rejects_at_least_five_variants = rejections_test(FFN_CHECKS, FFN_VARIANTS)
+test_ffn_failure_names_the_mistake = naming_test_for(
+    Bk.check_ffn_values, FFN_MISTAKE_CLASSES, sorted(FFN_MISTAKE_CLASSES)
+)
 
 
 def test_ffn_hidden_size_message():
@@ -477,41 +452,25 @@ BLOCK_VARIANTS.update({
 })
 
 
-def test_every_block_mistake_has_a_variant():
-    assert set(BLOCK_MISTAKE_CLASSES) == {m.label for m in Bk.BLOCK_MISTAKES}
+test_every_block_mistake_has_a_variant = expectations_test((BLOCK_MISTAKE_CLASSES, Bk.BLOCK_MISTAKES))
 
 
 @pytest.mark.parametrize("name", sorted(BLOCK_CHECKS))
 def test_independent_block_passes(name):
     for answer in (GoodBlock, SeedStyleDropoutModule):
-        ok, err = outcome(BLOCK_CHECKS[name], answer)
-        assert ok, f"a correct TransformerBlock ({answer.__name__}) fails {name}: {err}"
+        assert_passes(BLOCK_CHECKS[name], answer, f"a correct TransformerBlock ({answer.__name__}) fails {name}")
 
 
 @pytest.mark.parametrize("name", sorted(BLOCK_CHECKS))
 def test_seed_block_passes(name, seed):
-    ok, err = outcome(BLOCK_CHECKS[name], seed["TransformerBlock"])
-    assert ok, f"the seed's TransformerBlock fails {name}: {err}"
+    assert_passes(BLOCK_CHECKS[name], seed["TransformerBlock"], f"the seed's TransformerBlock fails {name}")
 
 
-@pytest.mark.parametrize("variant", sorted(BLOCK_VARIANTS))
-def test_block_variant_fails_exactly_the_expected_checks(variant):
-    cls, must_fail = BLOCK_VARIANTS[variant]
-    failed = failed_checks(BLOCK_CHECKS, cls)
-    assert failed == must_fail, f"{variant}: failed {sorted(failed)}, expected {sorted(must_fail)}"
-
-
-@pytest.mark.parametrize("name", sorted(BLOCK_CHECKS))
-def test_each_block_check_rejects_at_least_five_variants(name):
-    rejected = [v for v, (_, fails) in BLOCK_VARIANTS.items() if name in fails]
-    assert len(rejected) >= 5, f"{name} rejects only {rejected}"
-
-
-@pytest.mark.parametrize("label", sorted(BLOCK_MISTAKE_CLASSES))
-def test_block_failure_names_the_mistake(label):
-    cls, _ = BLOCK_MISTAKE_CLASSES[label]
-    ok, err = outcome(Bk.check_block_against_reference, cls)
-    assert not ok and "typical mistake" in str(err) and label in str(err), str(err)
+test_block_variant_fails_exactly_the_expected_checks = variants_test(BLOCK_CHECKS, BLOCK_VARIANTS)
+test_each_block_check_rejects_at_least_five_variants = rejections_test(BLOCK_CHECKS, BLOCK_VARIANTS)
+test_block_failure_names_the_mistake = naming_test_for(
+    Bk.check_block_against_reference, BLOCK_MISTAKE_CLASSES, sorted(BLOCK_MISTAKE_CLASSES)
+)
 
 
 def test_mistakes_match_their_classes():

@@ -13,6 +13,7 @@ import re
 
 import pytest
 import torch
+from checktable import assert_passes, correct_answers_test, expectations_test, naming_test, outcome, rejections_test, variants_test
 from seeds import SEED_DIRS
 from torch.nn.modules import transformer as torch_transformer
 
@@ -156,16 +157,7 @@ VARIANTS = {m.label: (m.fn, MISTAKE_FAILS[m.label]) for m in C.MISTAKES}
 VARIANTS.update(OTHER_VARIANTS)
 
 
-def outcome(check, fn):
-    try:
-        check(fn)
-    except Exception as err:  # any exception fails a notebook test cell
-        return False, err
-    return True, None
-
-
-def test_every_mistake_has_an_expectation():
-    assert set(MISTAKE_FAILS) == {m.label for m in C.MISTAKES}
+test_every_mistake_has_an_expectation = expectations_test((MISTAKE_FAILS, C.MISTAKES))
 
 
 def test_the_checks_mask_is_the_sources_table():
@@ -173,30 +165,16 @@ def test_the_checks_mask_is_the_sources_table():
     assert torch.equal(correct(4), torch.tensor(seed_table()))
 
 
-@pytest.mark.parametrize("answer", sorted(CORRECT))
-@pytest.mark.parametrize("name", sorted(CHECKS))
-def test_correct_answers_pass(name, answer):
-    ok, err = outcome(CHECKS[name], CORRECT[answer])
-    assert ok, f"{answer} fails {name}: {err}"
+test_correct_answers_pass = correct_answers_test(CHECKS, CORRECT)
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_seed_mask_line_passes(name):
-    ok, err = outcome(CHECKS[name], seed_mask_line())
-    assert ok, f"the source's mask fails {name}: {err}"
+    assert_passes(CHECKS[name], seed_mask_line(), f"the source's mask fails {name}")
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_variant_fails_exactly_the_expected_checks(variant):
-    fn, must_fail = VARIANTS[variant]
-    failed = {name for name, check in CHECKS.items() if not outcome(check, fn)[0]}
-    assert failed == must_fail, f"{variant}: failed {sorted(failed)}, expected {sorted(must_fail)}"
-
-
-@pytest.mark.parametrize("name", sorted(CHECKS))
-def test_each_check_rejects_at_least_five_variants(name):
-    rejected = [v for v, (_, fails) in VARIANTS.items() if name in fails]
-    assert len(rejected) >= 5, f"{name} rejects only {rejected}"
+test_variant_fails_exactly_the_expected_checks = variants_test(CHECKS, VARIANTS)
+test_each_check_rejects_at_least_five_variants = rejections_test(CHECKS, VARIANTS)
 
 
 @pytest.mark.parametrize("variant", sorted(v for v, (_, fails) in VARIANTS.items() if "peek" in fails))
@@ -205,8 +183,9 @@ def test_visible_part_of_the_peeking_check_catches_the_leaks(variant):
     assert not ok
 
 
-@pytest.mark.parametrize(
-    "label, check",
+test_failure_names_the_mistake = naming_test(
+    CHECKS,
+    VARIANTS,
     [
         ("diagonal masked", "seed"),
         ("one future position visible", "seed"),
@@ -217,10 +196,6 @@ def test_visible_part_of_the_peeking_check_catches_the_leaks(variant):
         ("0/1 mask instead of 0/-inf (1 = visible)", "values"),
     ],
 )
-def test_failure_names_the_mistake(label, check):
-    ok, err = outcome(CHECKS[check], VARIANTS[label][0])
-    assert not ok
-    assert "typical mistake" in str(err) and label in str(err), str(err)
 
 
 @pytest.mark.parametrize("fn", [C.MISTAKES[6].fn, minus_1e4, lowest_float])

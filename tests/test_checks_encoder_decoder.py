@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import math
 
-import pytest
 import torch
 import torch.nn.functional as F
 
 from firstprinciples import reference
 from firstprinciples.checks import encoder_decoder as E
+from checktable import correct_answers_test, expectations_test, naming_test, outcome, rejections_test, variants_test
 from seeds import seed_namespace
 
 CHECKS = {
@@ -157,40 +157,13 @@ VARIANTS.update(OTHER_VARIANTS)
 CORRECT = {"einsum": einsum_cross_attention, "seed attention": seed_cross_attention, "plain": _plain}
 
 
-def outcome(check, fn):
-    try:
-        check(fn)
-    except Exception as err:  # any exception fails a notebook test cell
-        return False, err
-    return True, None
-
-
-def test_every_mistake_has_an_expectation():
-    assert set(MISTAKE_FAILS) == {m.label for m in E.MISTAKES}
-
-
-@pytest.mark.parametrize("answer", sorted(CORRECT))
-@pytest.mark.parametrize("name", sorted(CHECKS))
-def test_correct_answers_pass(answer, name):
-    ok, err = outcome(CHECKS[name], CORRECT[answer])
-    assert ok, f"{answer} fails {name}: {err}"
-
-
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_variant_fails_exactly_the_expected_checks(variant):
-    fn, must_fail = VARIANTS[variant]
-    failed = {name for name, check in CHECKS.items() if not outcome(check, fn)[0]}
-    assert failed == must_fail, f"{variant}: failed {sorted(failed)}, expected {sorted(must_fail)}"
-
-
-@pytest.mark.parametrize("name", sorted(CHECKS))
-def test_each_check_rejects_at_least_five_variants(name):
-    rejected = [v for v, (_, fails) in VARIANTS.items() if name in fails]
-    assert len(rejected) >= 5, f"{name} rejects only {rejected}"
-
-
-@pytest.mark.parametrize(
-    "label, check",
+test_every_mistake_has_an_expectation = expectations_test((MISTAKE_FAILS, E.MISTAKES))
+test_correct_answers_pass = correct_answers_test(CHECKS, CORRECT)
+test_variant_fails_exactly_the_expected_checks = variants_test(CHECKS, VARIANTS)
+test_each_check_rejects_at_least_five_variants = rejections_test(CHECKS, VARIANTS)
+test_failure_names_the_mistake = naming_test(
+    CHECKS,
+    VARIANTS,
     [
         ("queries taken from the context (roles swapped)", "roles"),
         ("keys from x", "roles"),
@@ -202,10 +175,6 @@ def test_each_check_rejects_at_least_five_variants(name):
         ("softmax over the queries", "shapes"),
     ],
 )
-def test_failure_names_the_mistake(label, check):
-    ok, err = outcome(CHECKS[check], VARIANTS[label][0])
-    assert not ok
-    assert "typical mistake" in str(err) and label in str(err), str(err)
 
 
 def test_shape_errors_are_explained_in_terms_of_the_roles():

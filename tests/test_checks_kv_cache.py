@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from firstprinciples import reference
 from firstprinciples.checks import kv_cache as C
+from checktable import assert_passes, naming_by_piece_test, outcome, rejections_test, variants_by_piece_test
 from seeds import seed_namespace
 
 
@@ -414,18 +415,6 @@ VARIANTS = {
 VARIANTS.update(OTHER_VARIANTS)
 
 
-def outcome(check, fn):
-    try:
-        check(fn)
-    except Exception as err:  # any exception fails a notebook test cell
-        return False, err
-    return True, None
-
-
-def _ids(pairs):
-    return [f"{a}-{b}" for a, b in pairs]
-
-
 def test_every_mistake_has_an_expectation():
     assert set(MISTAKE_FAILS) == {(p, m.label) for p, t in MISTAKE_TABLES.items() for m in t}
 
@@ -435,57 +424,41 @@ CORRECT_CASES = [(piece, name, check) for piece, answers in CORRECT.items() for 
 
 @pytest.mark.parametrize("piece, answer, check", CORRECT_CASES, ids=[f"{a}-{c}" for _, a, c in CORRECT_CASES])
 def test_correct_answers_pass(piece, answer, check):
-    ok, err = outcome(CHECKS[check], CORRECT[piece][answer])
-    assert ok, f"{answer} fails {check}: {err}"
+    assert_passes(CHECKS[check], CORRECT[piece][answer], f"{answer} fails {check}")
 
 
 @pytest.mark.parametrize("check", sorted(CHECKS))
 def test_reference_passes(check):
     piece = PIECE_OF[check]
     answer = {"KVCache": CatCache, "cached_attention_step": C._plain_step, "generate": correct_generate}[piece]
-    ok, err = outcome(CHECKS[check], answer)
-    assert ok, f"{check}: {err}"
+    assert_passes(CHECKS[check], answer, check)
 
 
-@pytest.mark.parametrize("piece, variant", sorted(VARIANTS), ids=_ids(sorted(VARIANTS)))
-def test_variant_fails_exactly_the_expected_checks(piece, variant):
-    fn, must_fail = VARIANTS[(piece, variant)]
-    failed = {name for name, check in PIECES[piece].items() if not outcome(check, fn)[0]}
-    assert failed == must_fail, f"{variant}: failed {sorted(failed)}, expected {sorted(must_fail)}"
-
-
-@pytest.mark.parametrize("check", sorted(CHECKS))
-def test_each_check_rejects_at_least_five_variants(check):
-    rejected = [v for (piece, v), (_, fails) in VARIANTS.items() if check in fails]
-    assert len(rejected) >= 5, f"{check} rejects only {rejected}"
-
-
-NAMED = [
-    ("KVCache", "cache not updated", "cache"),
-    ("KVCache", "appended along the feature dim", "cache"),
-    ("KVCache", "appended along the head dim", "cache"),
-    ("KVCache", "new entries prepended", "cache"),
-    ("KVCache", "len counts appends", "cache"),
-    ("cached_attention_step", "cache not updated", "one_token"),
-    ("cached_attention_step", "mask hides the cache", "one_token"),
-    ("cached_attention_step", "mask hides the cache", "prompt"),
-    ("cached_attention_step", "no mask within a chunk", "prompt"),
-    ("cached_attention_step", "stale queries", "one_token"),
-    ("cached_attention_step", "queries cached", "one_token"),
-    ("cached_attention_step", "recomputing everything", "one_token"),
-    ("cached_attention_step", "new token left out", "prompt"),
-    ("generate", "new cache every step", "generate"),
-    ("generate", "first position fed back", "generate"),
-    ("generate", "recomputing everything", "generate"),
-]
-
-
-@pytest.mark.parametrize("piece, label, check", NAMED, ids=[f"{p}-{l}-{c}" for p, l, c in NAMED])
-def test_failure_names_the_mistake(piece, label, check):
-    fn = VARIANTS[(piece, label)][0]
-    ok, err = outcome(CHECKS[check], fn)
-    assert not ok
-    assert "typical mistake" in str(err) and label in str(err), str(err)
+test_variant_fails_exactly_the_expected_checks = variants_by_piece_test(PIECES, VARIANTS)
+# The check names differ between pieces, so a check's rejections can be counted over all variants.
+test_each_check_rejects_at_least_five_variants = rejections_test(CHECKS, VARIANTS)
+test_failure_names_the_mistake = naming_by_piece_test(
+    PIECES,
+    VARIANTS,
+    [
+        ("KVCache", "cache not updated", "cache"),
+        ("KVCache", "appended along the feature dim", "cache"),
+        ("KVCache", "appended along the head dim", "cache"),
+        ("KVCache", "new entries prepended", "cache"),
+        ("KVCache", "len counts appends", "cache"),
+        ("cached_attention_step", "cache not updated", "one_token"),
+        ("cached_attention_step", "mask hides the cache", "one_token"),
+        ("cached_attention_step", "mask hides the cache", "prompt"),
+        ("cached_attention_step", "no mask within a chunk", "prompt"),
+        ("cached_attention_step", "stale queries", "one_token"),
+        ("cached_attention_step", "queries cached", "one_token"),
+        ("cached_attention_step", "recomputing everything", "one_token"),
+        ("cached_attention_step", "new token left out", "prompt"),
+        ("generate", "new cache every step", "generate"),
+        ("generate", "first position fed back", "generate"),
+        ("generate", "recomputing everything", "generate"),
+    ],
+)
 
 
 def test_recomputation_is_caught_by_counting_rows_not_by_time():

@@ -19,19 +19,17 @@ from torch import nn
 
 from firstprinciples import reference
 from firstprinciples.checks import multihead as M
+from checktable import (
+    assert_names_the_mistake,
+    assert_passes,
+    assert_rejected_by_enough,
+    expectations_test,
+    naming_test_for,
+    outcome,
+    rejections_test,
+    variants_test,
+)
 from seeds import seed_namespace
-
-
-def outcome(check, answer):
-    try:
-        check(answer)
-    except Exception as err:  # any exception fails a notebook test cell
-        return False, err
-    return True, None
-
-
-def failed_checks(checks, answer):
-    return {name for name, check in checks.items() if not outcome(check, answer)[0]}
 
 
 # ====================================================================== split_heads / merge_heads
@@ -149,56 +147,39 @@ MERGE_VARIANTS.update({
 })
 
 
-def test_every_split_and_merge_mistake_has_an_expectation():
-    assert set(SPLIT_MISTAKE_FAILS) == {m.label for m in M.SPLIT_MISTAKES}
-    assert set(MERGE_MISTAKE_FAILS) == {m.label for m in M.MERGE_MISTAKES}
+test_every_split_and_merge_mistake_has_an_expectation = expectations_test(
+    (SPLIT_MISTAKE_FAILS, M.SPLIT_MISTAKES), (MERGE_MISTAKE_FAILS, M.MERGE_MISTAKES)
+)
 
 
 @pytest.mark.parametrize("name", sorted(SPLIT_CHECKS))
 def test_split_checks_accept_correct_answers(name):
     for answer in (good_split, reference.split_heads.__wrapped__):
-        ok, err = outcome(SPLIT_CHECKS[name], answer)
-        assert ok, f"a correct split_heads fails {name}: {err}"
+        assert_passes(SPLIT_CHECKS[name], answer, f"a correct split_heads fails {name}")
 
 
 @pytest.mark.parametrize("name", sorted(MERGE_CHECKS))
 def test_merge_checks_accept_correct_answers(name):
     for answer in (good_merge, merge_cat_of_heads, reference.merge_heads.__wrapped__):
-        ok, err = outcome(MERGE_CHECKS[name], answer)
-        assert ok, f"a correct merge_heads fails {name}: {err}"
+        assert_passes(MERGE_CHECKS[name], answer, f"a correct merge_heads fails {name}")
 
 
-@pytest.mark.parametrize("variant", sorted(SPLIT_VARIANTS))
-def test_split_variant_fails_exactly_the_expected_checks(variant):
-    fn, must_fail = SPLIT_VARIANTS[variant]
-    failed = failed_checks(SPLIT_CHECKS, fn)
-    assert failed == must_fail, f"{variant}: failed {sorted(failed)}, expected {sorted(must_fail)}"
-
-
-@pytest.mark.parametrize("variant", sorted(MERGE_VARIANTS))
-def test_merge_variant_fails_exactly_the_expected_checks(variant):
-    fn, must_fail = MERGE_VARIANTS[variant]
-    failed = failed_checks(MERGE_CHECKS, fn)
-    assert failed == must_fail, f"{variant}: failed {sorted(failed)}, expected {sorted(must_fail)}"
+test_split_variant_fails_exactly_the_expected_checks = variants_test(SPLIT_CHECKS, SPLIT_VARIANTS)
+test_merge_variant_fails_exactly_the_expected_checks = variants_test(MERGE_CHECKS, MERGE_VARIANTS)
 
 
 @pytest.mark.parametrize("checks, variants", [(SPLIT_CHECKS, SPLIT_VARIANTS), (MERGE_CHECKS, MERGE_VARIANTS)])
 def test_each_split_and_merge_check_rejects_at_least_five_variants(checks, variants):
     for name in checks:
-        rejected = [v for v, (_, fails) in variants.items() if name in fails]
-        assert len(rejected) >= 5, f"{name} rejects only {rejected}"
+        assert_rejected_by_enough(name, variants)
 
 
-@pytest.mark.parametrize("label", [m.label for m in M.SPLIT_MISTAKES])
-def test_split_failure_names_the_mistake(label):
-    ok, err = outcome(M.check_split_heads, SPLIT_VARIANTS[label][0])
-    assert not ok and "typical mistake" in str(err) and label in str(err), str(err)
-
-
-@pytest.mark.parametrize("label", [m.label for m in M.MERGE_MISTAKES])
-def test_merge_failure_names_the_mistake(label):
-    ok, err = outcome(M.check_merge_heads, MERGE_VARIANTS[label][0])
-    assert not ok and "typical mistake" in str(err) and label in str(err), str(err)
+test_split_failure_names_the_mistake = naming_test_for(
+    M.check_split_heads, SPLIT_VARIANTS, [m.label for m in M.SPLIT_MISTAKES]
+)
+test_merge_failure_names_the_mistake = naming_test_for(
+    M.check_merge_heads, MERGE_VARIANTS, [m.label for m in M.MERGE_MISTAKES]
+)
 
 
 def test_split_worked_example_message_points_at_the_entry():
@@ -450,8 +431,7 @@ MHA_VARIANTS.update({
 })
 
 
-def test_every_mha_mistake_has_a_variant():
-    assert set(MHA_MISTAKE_CLASSES) == {m.label for m in M.MHA_MISTAKES}
+test_every_mha_mistake_has_a_variant = expectations_test((MHA_MISTAKE_CLASSES, M.MHA_MISTAKES))
 
 
 @pytest.fixture(scope="module")
@@ -461,35 +441,23 @@ def seed_mha():
 
 @pytest.mark.parametrize("name", sorted(MHA_CHECKS))
 def test_independent_answer_passes(name):
-    ok, err = outcome(MHA_CHECKS[name], GoodMHA)
-    assert ok, f"a correct MultiHeadAttention fails {name}: {err}"
+    assert_passes(MHA_CHECKS[name], GoodMHA, f"a correct MultiHeadAttention fails {name}")
 
 
 @pytest.mark.parametrize("name", sorted(MHA_CHECKS))
 def test_seed_implementation_passes(name, seed_mha):
-    ok, err = outcome(MHA_CHECKS[name], seed_mha)
-    assert ok, f"the seed's MultiHeadAttention fails {name}: {err}"
+    assert_passes(MHA_CHECKS[name], seed_mha, f"the seed's MultiHeadAttention fails {name}")
 
 
-@pytest.mark.parametrize("variant", sorted(MHA_VARIANTS))
-def test_mha_variant_fails_exactly_the_expected_checks(variant):
-    cls, must_fail = MHA_VARIANTS[variant]
-    failed = failed_checks(MHA_CHECKS, cls)
-    assert failed == must_fail, f"{variant}: failed {sorted(failed)}, expected {sorted(must_fail)}"
-
-
-@pytest.mark.parametrize("name", sorted(MHA_CHECKS))
-def test_each_mha_check_rejects_at_least_five_variants(name):
-    rejected = [v for v, (_, fails) in MHA_VARIANTS.items() if name in fails]
-    assert len(rejected) >= 5, f"{name} rejects only {rejected}"
+test_mha_variant_fails_exactly_the_expected_checks = variants_test(MHA_CHECKS, MHA_VARIANTS)
+test_each_mha_check_rejects_at_least_five_variants = rejections_test(MHA_CHECKS, MHA_VARIANTS)
 
 
 @pytest.mark.parametrize("label", sorted(MHA_MISTAKE_CLASSES))
 def test_mha_failure_names_the_mistake(label):
     cls, fails = MHA_MISTAKE_CLASSES[label]
     check = "reference" if "reference" in fails else "causal"
-    ok, err = outcome(MHA_CHECKS[check], cls)
-    assert not ok and "typical mistake" in str(err) and label in str(err), str(err)
+    assert_names_the_mistake(MHA_CHECKS[check], cls, label)
 
 
 def test_mistakes_match_their_classes():

@@ -19,6 +19,16 @@ import torch
 
 from firstprinciples import reference
 from firstprinciples.checks import position as P
+from checktable import (
+    assert_passes,
+    correct_answers_test,
+    expectations_test,
+    naming_test,
+    naming_test_for,
+    outcome,
+    rejections_test,
+    variants_test,
+)
 from seeds import seed_code, seed_namespace
 
 TABLE_CHECKS = {
@@ -34,14 +44,6 @@ ROPE_CHECKS = {
 }
 ALL_TABLE = set(TABLE_CHECKS)
 ALL_ROPE = set(ROPE_CHECKS)
-
-
-def outcome(check, fn):
-    try:
-        check(fn)
-    except Exception as err:  # any exception fails a notebook test cell
-        return False, err
-    return True, None
 
 
 # ================================================================ sinusoidal_encoding
@@ -298,23 +300,18 @@ ROPE_CORRECT = {
 
 
 # ================================================================ tests
-def test_every_mistake_has_an_expectation():
-    assert set(TABLE_MISTAKE_FAILS) == {m.label for m in P.TABLE_MISTAKES}
-    assert set(ROPE_MISTAKE_FAILS) == {m.label for m in P.ROPE_MISTAKES}
+test_every_mistake_has_an_expectation = expectations_test(
+    (TABLE_MISTAKE_FAILS, P.TABLE_MISTAKES), (ROPE_MISTAKE_FAILS, P.ROPE_MISTAKES)
+)
 
 
 @pytest.mark.parametrize("answer", sorted(TABLE_CORRECT))
 @pytest.mark.parametrize("name", sorted(TABLE_CHECKS))
 def test_correct_tables_pass(name, answer):
-    ok, err = outcome(TABLE_CHECKS[name], TABLE_CORRECT[answer]())
-    assert ok, f"{answer} fails {name}: {err}"
+    assert_passes(TABLE_CHECKS[name], TABLE_CORRECT[answer](), f"{answer} fails {name}")
 
 
-@pytest.mark.parametrize("answer", sorted(ROPE_CORRECT))
-@pytest.mark.parametrize("name", sorted(ROPE_CHECKS))
-def test_correct_rope_passes(name, answer):
-    ok, err = outcome(ROPE_CHECKS[name], ROPE_CORRECT[answer])
-    assert ok, f"{answer} fails {name}: {err}"
+test_correct_rope_passes = correct_answers_test(ROPE_CHECKS, ROPE_CORRECT)
 
 
 def test_visible_parts_pass_for_correct_answers():
@@ -334,41 +331,16 @@ def test_seed_table_equals_the_reference():
         assert (got.double() - want).abs().max().item() <= 1e-5 + 2e-7 * max_len
 
 
-@pytest.mark.parametrize("variant", sorted(TABLE_VARIANTS))
-def test_table_variant_fails_exactly_the_expected_checks(variant):
-    fn, must_fail = TABLE_VARIANTS[variant]
-    failed = {name for name, check in TABLE_CHECKS.items() if not outcome(check, fn)[0]}
-    assert failed == must_fail, f"{variant}: failed {sorted(failed)}, expected {sorted(must_fail)}"
-
-
-@pytest.mark.parametrize("variant", sorted(ROPE_VARIANTS))
-def test_rope_variant_fails_exactly_the_expected_checks(variant):
-    fn, must_fail = ROPE_VARIANTS[variant]
-    failed = {name for name, check in ROPE_CHECKS.items() if not outcome(check, fn)[0]}
-    assert failed == must_fail, f"{variant}: failed {sorted(failed)}, expected {sorted(must_fail)}"
-
-
-@pytest.mark.parametrize("name", sorted(TABLE_CHECKS))
-def test_each_table_check_rejects_at_least_five_variants(name):
-    rejected = [v for v, (_, fails) in TABLE_VARIANTS.items() if name in fails]
-    assert len(rejected) >= 5, f"{name} rejects only {rejected}"
-
-
-@pytest.mark.parametrize("name", sorted(ROPE_CHECKS))
-def test_each_rope_check_rejects_at_least_five_variants(name):
-    rejected = [v for v, (_, fails) in ROPE_VARIANTS.items() if name in fails]
-    assert len(rejected) >= 5, f"{name} rejects only {rejected}"
-
-
-@pytest.mark.parametrize("label", sorted(TABLE_MISTAKE_FAILS))
-def test_table_example_names_the_mistake(label):
-    ok, err = outcome(P.check_sinusoidal_example, TABLE_VARIANTS[label][0])
-    assert not ok
-    assert "typical mistake" in str(err) and label in str(err), str(err)
-
-
-@pytest.mark.parametrize(
-    "label, check",
+test_table_variant_fails_exactly_the_expected_checks = variants_test(TABLE_CHECKS, TABLE_VARIANTS)
+test_rope_variant_fails_exactly_the_expected_checks = variants_test(ROPE_CHECKS, ROPE_VARIANTS)
+test_each_table_check_rejects_at_least_five_variants = rejections_test(TABLE_CHECKS, TABLE_VARIANTS)
+test_each_rope_check_rejects_at_least_five_variants = rejections_test(ROPE_CHECKS, ROPE_VARIANTS)
+test_table_example_names_the_mistake = naming_test_for(
+    P.check_sinusoidal_example, TABLE_VARIANTS, sorted(TABLE_MISTAKE_FAILS)
+)
+test_rope_failure_names_the_mistake = naming_test(
+    ROPE_CHECKS,
+    ROPE_VARIANTS,
     [
         ("pairs taken as halves", "example"),
         ("rotated pairs not interleaved back", "example"),
@@ -382,10 +354,6 @@ def test_table_example_names_the_mistake(label):
         ("not a rotation (sign error)", "relative"),
     ],
 )
-def test_rope_failure_names_the_mistake(label, check):
-    ok, err = outcome(ROPE_CHECKS[check], ROPE_VARIANTS[label][0])
-    assert not ok
-    assert "typical mistake" in str(err) and label in str(err), str(err)
 
 
 def test_default_base_is_not_diagnosed_as_base_ignored():

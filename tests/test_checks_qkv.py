@@ -14,6 +14,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from checktable import (
+    assert_passes,
+    expectations_test,
+    naming_by_piece_test,
+    outcome,
+    rejections_by_piece_test,
+    variants_by_piece_test,
+)
 from seeds import seed_namespace
 
 from firstprinciples import examples, reference
@@ -238,45 +246,26 @@ SCORES_MISTAKE_FAILS = {
 SCORES_VARIANTS = {m.label: (m.fn, SCORES_MISTAKE_FAILS[m.label]) for m in C.SCORES_MISTAKES}
 SCORES_VARIANTS.update(SCORES_OTHER)
 
-PIECES = {
-    "project_qkv": (PROJECT_CHECKS, PROJECT_CORRECT, PROJECT_VARIANTS),
-    "dot_product_scores": (SCORES_CHECKS, SCORES_CORRECT, SCORES_VARIANTS),
-}
+PIECES = {"project_qkv": PROJECT_CHECKS, "dot_product_scores": SCORES_CHECKS}
+CORRECT = {"project_qkv": PROJECT_CORRECT, "dot_product_scores": SCORES_CORRECT}
+VARIANTS = {("project_qkv", v): entry for v, entry in PROJECT_VARIANTS.items()}
+VARIANTS.update({("dot_product_scores", v): entry for v, entry in SCORES_VARIANTS.items()})
 
 
-def outcome(check, fn):
-    try:
-        check(fn)
-    except Exception as err:  # any exception fails a notebook test cell
-        return False, err
-    return True, None
+test_every_mistake_has_an_expectation = expectations_test(
+    (PROJECT_MISTAKE_FAILS, C.PROJECT_MISTAKES), (SCORES_MISTAKE_FAILS, C.SCORES_MISTAKES)
+)
 
 
-def _cases(kind):
-    out = []
-    for piece, (checks, correct, variants) in PIECES.items():
-        table = {"checks": checks, "correct": correct, "variants": variants}[kind]
-        out += [(piece, name) for name in sorted(table)]
-    return out
-
-
-def test_every_mistake_has_an_expectation():
-    assert set(PROJECT_MISTAKE_FAILS) == {m.label for m in C.PROJECT_MISTAKES}
-    assert set(SCORES_MISTAKE_FAILS) == {m.label for m in C.SCORES_MISTAKES}
-
-
-@pytest.mark.parametrize("piece, answer", _cases("correct"))
+@pytest.mark.parametrize("piece, answer", [(p, a) for p, answers in CORRECT.items() for a in sorted(answers)])
 def test_correct_answers_pass(piece, answer):
-    checks, correct, _ = PIECES[piece]
-    for name, check in checks.items():
-        ok, err = outcome(check, correct[answer])
-        assert ok, f"{piece}: the correct answer '{answer}' fails {name}: {err}"
+    for name, check in PIECES[piece].items():
+        assert_passes(check, CORRECT[piece][answer], f"{piece}: the correct answer '{answer}' fails {name}")
 
 
 @pytest.mark.parametrize("piece, name", [(p, n) for p in PIECES for n in ("random", "grads")])
 def test_visible_parts_pass_the_reference(piece, name):
-    checks, correct, _ = PIECES[piece]
-    ok, err = outcome(lambda fn: checks[name](fn, full=False), correct["reference"])
+    ok, err = outcome(lambda fn: PIECES[piece][name](fn, full=False), CORRECT[piece]["reference"])
     assert ok, err
 
 
@@ -286,23 +275,11 @@ def test_the_seeds_projections_pass(name):
     assert ok, f"the seed's nn.Linear projections fail {name}: {err}"
 
 
-@pytest.mark.parametrize("piece, variant", _cases("variants"))
-def test_variant_fails_exactly_the_expected_checks(piece, variant):
-    checks, _, variants = PIECES[piece]
-    fn, must_fail = variants[variant]
-    failed = {name for name, check in checks.items() if not outcome(check, fn)[0]}
-    assert failed == must_fail, f"{piece}, {variant}: failed {sorted(failed)}, expected {sorted(must_fail)}"
-
-
-@pytest.mark.parametrize("piece, name", _cases("checks"))
-def test_each_check_rejects_at_least_five_variants(piece, name):
-    _, _, variants = PIECES[piece]
-    rejected = [v for v, (_, fails) in variants.items() if name in fails]
-    assert len(rejected) >= 5, f"{piece}.{name} rejects only {rejected}"
-
-
-@pytest.mark.parametrize(
-    "piece, label, check",
+test_variant_fails_exactly_the_expected_checks = variants_by_piece_test(PIECES, VARIANTS)
+test_each_check_rejects_at_least_five_variants = rejections_by_piece_test(PIECES, VARIANTS)
+test_failure_names_the_mistake = naming_by_piece_test(
+    PIECES,
+    VARIANTS,
     [
         ("project_qkv", "W_q used for all three", "worked"),
         ("project_qkv", "K and V projections swapped", "worked"),
@@ -319,11 +296,6 @@ def test_each_check_rejects_at_least_five_variants(piece, name):
         ("dot_product_scores", "scaled by 1/sqrt(d_k)", "worked"),
     ],
 )
-def test_failure_names_the_mistake(piece, label, check):
-    checks, _, variants = PIECES[piece]
-    ok, err = outcome(checks[check], variants[label][0])
-    assert not ok
-    assert "typical mistake" in str(err) and label in str(err), str(err)
 
 
 def test_visible_random_case_names_transposed_projection_weights():

@@ -14,6 +14,7 @@ import torch
 
 from firstprinciples import reference
 from firstprinciples.checks import rnn as R
+from checktable import correct_answers_test, expectations_test, naming_test, outcome, rejections_test, variants_test
 
 CHECKS = {
     "worked": R.check_worked_example,
@@ -174,23 +175,8 @@ VARIANTS = {m.label: (m.fn, MISTAKE_FAILS[m.label]) for m in R.MISTAKES}
 VARIANTS.update(OTHER_VARIANTS)
 
 
-def outcome(check, fn):
-    try:
-        check(fn)
-    except Exception as err:  # any exception fails a notebook test cell
-        return False, err
-    return True, None
-
-
-def test_every_mistake_has_an_expectation():
-    assert set(MISTAKE_FAILS) == {m.label for m in R.MISTAKES}
-
-
-@pytest.mark.parametrize("answer", sorted(CORRECT))
-@pytest.mark.parametrize("name", sorted(CHECKS))
-def test_correct_answers_pass(name, answer):
-    ok, err = outcome(CHECKS[name], CORRECT[answer])
-    assert ok, f"the correct answer '{answer}' fails {name}: {err}"
+test_every_mistake_has_an_expectation = expectations_test((MISTAKE_FAILS, R.MISTAKES))
+test_correct_answers_pass = correct_answers_test(CHECKS, CORRECT)
 
 
 @pytest.mark.parametrize("name", ["random", "grads"])
@@ -199,21 +185,11 @@ def test_visible_parts_pass_the_reference(name):
     assert ok, err
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_variant_fails_exactly_the_expected_checks(variant):
-    fn, must_fail = VARIANTS[variant]
-    failed = {name for name, check in CHECKS.items() if not outcome(check, fn)[0]}
-    assert failed == must_fail, f"{variant}: failed {sorted(failed)}, expected {sorted(must_fail)}"
-
-
-@pytest.mark.parametrize("name", sorted(CHECKS))
-def test_each_check_rejects_at_least_five_variants(name):
-    rejected = [v for v, (_, fails) in VARIANTS.items() if name in fails]
-    assert len(rejected) >= 5, f"{name} rejects only {rejected}"
-
-
-@pytest.mark.parametrize(
-    "label, check",
+test_variant_fails_exactly_the_expected_checks = variants_test(CHECKS, VARIANTS)
+test_each_check_rejects_at_least_five_variants = rejections_test(CHECKS, VARIANTS)
+test_failure_names_the_mistake = naming_test(
+    CHECKS,
+    VARIANTS,
     [
         ("tanh forgotten", "worked"),
         ("h_{t-1} term missing", "worked"),
@@ -229,11 +205,6 @@ def test_each_check_rejects_at_least_five_variants(name):
         ("states off by one", "shapes"),
     ],
 )
-def test_failure_names_the_mistake(label, check):
-    fn = VARIANTS[label][0]
-    ok, err = outcome(CHECKS[check], fn)
-    assert not ok
-    assert "typical mistake" in str(err) and label in str(err), str(err)
 
 
 def test_visible_random_case_names_transposed_weights():

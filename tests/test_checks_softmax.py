@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from firstprinciples import reference
 from firstprinciples.checks import softmax as S
+from checktable import correct_answers_test, expectations_test, naming_test, outcome, rejections_test, variants_test
 
 CHECKS = {
     "worked": S.check_worked_example,
@@ -180,23 +181,8 @@ VARIANTS = {m.label: (m.fn, MISTAKE_FAILS[m.label]) for m in S.MISTAKES}
 VARIANTS.update(OTHER_VARIANTS)
 
 
-def outcome(check, fn):
-    try:
-        check(fn)
-    except Exception as err:  # any exception fails a notebook test cell
-        return False, err
-    return True, None
-
-
-def test_every_mistake_has_an_expectation():
-    assert set(MISTAKE_FAILS) == {m.label for m in S.MISTAKES}
-
-
-@pytest.mark.parametrize("answer", sorted(CORRECT))
-@pytest.mark.parametrize("name", sorted(CHECKS))
-def test_correct_answers_pass(name, answer):
-    ok, err = outcome(CHECKS[name], CORRECT[answer])
-    assert ok, f"{answer} fails {name}: {err}"
+test_every_mistake_has_an_expectation = expectations_test((MISTAKE_FAILS, S.MISTAKES))
+test_correct_answers_pass = correct_answers_test(CHECKS, CORRECT)
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
@@ -206,17 +192,8 @@ def test_visible_part_passes_for_the_reference(name):
         check(correct, full=False)
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_variant_fails_exactly_the_expected_checks(variant):
-    fn, must_fail = VARIANTS[variant]
-    failed = {name for name, check in CHECKS.items() if not outcome(check, fn)[0]}
-    assert failed == must_fail, f"{variant}: failed {sorted(failed)}, expected {sorted(must_fail)}"
-
-
-@pytest.mark.parametrize("name", sorted(CHECKS))
-def test_each_check_rejects_at_least_five_variants(name):
-    rejected = [v for v, (_, fails) in VARIANTS.items() if name in fails]
-    assert len(rejected) >= 5, f"{name} rejects only {rejected}"
+test_variant_fails_exactly_the_expected_checks = variants_test(CHECKS, VARIANTS)
+test_each_check_rejects_at_least_five_variants = rejections_test(CHECKS, VARIANTS)
 
 
 def test_visible_parts_catch_the_stability_mistakes():
@@ -226,8 +203,9 @@ def test_visible_parts_catch_the_stability_mistakes():
         assert not ok, label
 
 
-@pytest.mark.parametrize(
-    "label, check",
+test_failure_names_the_mistake = naming_test(
+    CHECKS,
+    VARIANTS,
     [
         ("no max subtracted", "large"),
         ("max over the whole tensor", "large"),
@@ -240,10 +218,6 @@ def test_visible_parts_catch_the_stability_mistakes():
         ("no max subtracted", "minus_inf"),
     ],
 )
-def test_failure_names_the_mistake(label, check):
-    ok, err = outcome(CHECKS[check], VARIANTS[label][0])
-    assert not ok
-    assert "typical mistake" in str(err) and label in str(err), str(err)
 
 
 def test_forbidden_call_message_is_clear():
