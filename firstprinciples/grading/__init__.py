@@ -1,0 +1,10 @@
+"""Grading support: a sandboxed Jupyter kernel for nbgrader, and the students'
+`check` command.
+
+- ``firstprinciples.grading.sandbox``: runs an IPython kernel inside bubblewrap
+  (no network, read-only system, no access to the course folder, capped memory,
+  processes, file size and CPU time; every process it started dies with it).
+  ``nbgrader_config.py`` selects it for ``nbgrader autograde``.
+- ``firstprinciples.grading.check``: runs a saved notebook in a clean kernel as
+  the grader will and prints, per test, what passes, what fails and why.
+"""

@@ -1,0 +1,190 @@
+"""Launch an IPython kernel inside a bubblewrap sandbox.
+
+Used as a Jupyter kernel (see ``kernels/fp-sandbox/kernel.json``)::
+
+    python -m firstprinciples.grading.sandbox -f CONNECTION_FILE
+
+The kernel talks to the grader over Unix sockets: the grader's kernel manager
+uses ``transport = "ipc"`` with an absolute ``ip`` in a folder private to the
+grading process (``nbgrader_config.py`` sets both). That folder and the
+connection file (read-only) are the only host paths the kernel can reach
+besides the read-only system; its ``/tmp`` is new and empty. Inside the sandbox:
+
+- no network (its own network namespace: not even the host's loopback);
+- the system, the Python installation and the course package are read-only;
+  the rest of the course folder (``solutions/``, ``gradebook.db``,
+  ``submitted/``, ``autograded/``, the notebook file itself) is not there;
+- its own process namespace: when the kernel ends, every process it started
+  ends with it (``--die-with-parent``, ``--unshare-pid``);
+- limits: memory and number of processes (cgroups, when the grader may create
+  them, else rlimits), file size, CPU seconds, no core dumps.
+
+The limits are set by environment variables (``FP_SANDBOX_MEMORY_MB``,
+``FP_SANDBOX_PIDS``, ``FP_SANDBOX_FILE_MB``, ``FP_SANDBOX_CPU_SECONDS``), with
+defaults below that fit one student's notebook on the course's exercises.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import sys
+import uuid
+from pathlib import Path
+
+import firstprinciples
+
+MEMORY_MB = int(os.environ.get("FP_SANDBOX_MEMORY_MB", 3072))
+PIDS = int(os.environ.get("FP_SANDBOX_PIDS", 256))
+FILE_MB = int(os.environ.get("FP_SANDBOX_FILE_MB", 64))
+CPU_SECONDS = int(os.environ.get("FP_SANDBOX_CPU_SECONDS", 600))
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+SYSTEM_DIRS = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys"]
+KEEP_ENV = ("PATH", "LANG", "LC_ALL", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS", "TZ")
+
+
+def package_dir() -> Path:
+    return Path(firstprinciples.__file__).resolve().parent
+
+
+def python_dirs() -> list[str]:
+    """The installation's folders that the kernel needs, read-only."""
+    import site
+
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    # Site folders only: never sys.path's current folder (the submission's own folder).
+    dirs.update(p for p in [*site.getsitepackages(), site.getusersitepackages()] if os.path.isdir(p))
+    # Keep only the outermost folders.
+    out = []
+    for d in sorted(os.path.realpath(d) for d in dirs):
+        if not any(d == o or d.startswith(o + os.sep) for o in out):
+            out.append(d)
+    return out
+
+
+def _cgroup(controller: str, name: str) -> Path | None:
+    base = CGROUP_ROOT / controller
+    if not base.is_dir() or not os.access(base, os.W_OK):
+        return None
+    group = base / name
+    try:
+        group.mkdir(exist_ok=True)
+    except OSError:
+        return None
+    return group
+
+
+def sweep_cgroups() -> None:
+    """Remove the empty groups that killed sandboxes left behind (rmdir fails on a busy one)."""
+    for controller in ("pids", "memory"):
+        for group in (CGROUP_ROOT / controller).glob("fp-sandbox-*"):
+            try:
+                group.rmdir()
+            except OSError:
+                pass
+
+
+def enter_cgroups(name: str) -> list[Path]:
+    """Put this process (and so the whole sandbox) into fresh cgroups with limits."""
+    sweep_cgroups()
+    groups = []
+    pids = _cgroup("pids", name)
+    mem = _cgroup("memory", name)
+    try:
+        if pids is not None:
+            (pids / "pids.max").write_text(str(PIDS))
+            (pids / "cgroup.procs").write_text(str(os.getpid()))
+            groups.append(pids)
+        if mem is not None:
+            (mem / "memory.limit_in_bytes").write_text(str(MEMORY_MB * 2**20))
+            swap = mem / "memory.memsw.limit_in_bytes"
+            if swap.exists():
+                swap.write_text(str(MEMORY_MB * 2**20))
+            (mem / "cgroup.procs").write_text(str(os.getpid()))
+            groups.append(mem)
+    except OSError:
+        pass
+    return groups
+
+
+def set_rlimits(cgroups_active: bool) -> None:
+    def cap(kind, value):
+        try:
+            resource.setrlimit(kind, (value, value))
+        except (ValueError, OSError):
+            pass
+
+    cap(resource.RLIMIT_FSIZE, FILE_MB * 2**20)
+    cap(resource.RLIMIT_CPU, CPU_SECONDS)
+    cap(resource.RLIMIT_CORE, 0)
+    if not cgroups_active:
+        # Fallbacks when no cgroup could be made: address space and processes.
+        cap(resource.RLIMIT_AS, 2 * MEMORY_MB * 2**20)
+        cap(resource.RLIMIT_NPROC, PIDS)
+
+
+def bwrap_command(connection_file: str, socket_dir: str, kernel_argv: list[str]) -> list[str]:
+    connection_file = os.path.realpath(connection_file)
+    pkg = str(package_dir())
+    cmd = ["bwrap", "--unshare-all", "--uid", "65534", "--gid", "65534", "--die-with-parent", "--new-session",
+           "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for d in SYSTEM_DIRS:
+        if os.path.exists(d):
+            cmd += ["--ro-bind", d, d] if not os.path.islink(d) else ["--symlink", os.readlink(d), d]
+    for d in python_dirs():
+        cmd += ["--ro-bind", d, d]
+    cmd += ["--ro-bind", pkg, pkg]  # the course package, not the rest of the course folder
+    cmd += ["--bind", socket_dir, socket_dir]  # the kernel's sockets
+    cmd += ["--ro-bind", connection_file, connection_file]
+    cmd += ["--chdir", "/tmp", "--clearenv"]
+    for k in KEEP_ENV:
+        if k in os.environ:
+            cmd += ["--setenv", k, os.environ[k]]
+    cmd += ["--setenv", "HOME", "/tmp", "--setenv", "IPYTHONDIR", "/tmp/.ipython",
+            "--setenv", "MPLCONFIGDIR", "/tmp/.matplotlib", "--setenv", "JUPYTER_RUNTIME_DIR", "/tmp",
+            "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "FP_SANDBOXED", "1", "--"]
+    return cmd + kernel_argv
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-f", dest="connection_file", required=True)
+    args = parser.parse_args(argv)
+    with open(args.connection_file) as f:
+        info = json.load(f)
+    if info.get("transport") != "ipc" or not os.path.isabs(info.get("ip", "")):
+        sys.exit("the sandboxed kernel needs the ipc transport with an absolute ip: set "
+                 "c.AsyncKernelManager.transport = 'ipc' and c.AsyncKernelManager.ip (nbgrader_config.py does)")
+    socket_dir = os.path.dirname(info["ip"])
+    if socket_dir in ("/", "/tmp") or not os.path.isdir(socket_dir):
+        sys.exit(f"the kernel's socket folder {socket_dir!r} must be a private, existing folder")
+    if shutil.which("bwrap") is None:
+        sys.exit("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+    groups = enter_cgroups(f"fp-sandbox-{uuid.uuid4().hex[:12]}")
+    set_rlimits(cgroups_active=bool(groups))
+    kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", args.connection_file,
+              "--HistoryManager.hist_file=:memory:"]
+    cmd = bwrap_command(args.connection_file, socket_dir, kernel)
+    if not groups:
+        os.execvp(cmd[0], cmd)
+    # With cgroups, stay as the parent so that the (empty) groups can be removed afterwards.
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(cmd)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda s, _f: proc.send_signal(s))
+    code = proc.wait()
+    for g in groups:
+        try:
+            g.rmdir()
+        except OSError:
+            pass
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Faults in a submission cost only the faulty item, and nothing outlives grading.
+
+A grading round with the plain `nbgrader autograde` and the repo's config on
+the two-piece `qkv` assignment (6 points for `project_qkv`, 6 for
+`dot_product_scores`). Each student breaks `project_qkv` in one nasty way and
+answers `dot_product_scores` correctly, so the expected grade is 6/12: the
+fault costs the piece it is in, the rest of the notebook is still graded, and
+the batch goes on. The cell timeout is lowered to keep the test short.
+"""
+import csv
+import socket
+import subprocess
+
+import nbformat
+import pytest
+
+from course import SOLUTIONS, answer_cells, make_course, nbgrader, nbgrader_meta
+from test_instructor_roundtrip import fill, solution_answers
+
+ASSIGNMENT, NOTEBOOK = "qkv", "queries_keys_values"
+TIMEOUT = 20  # seconds per cell in this test (the course uses 120)
+
+# Appended to the correct project_qkv: runs when the answer cell runs.
+AT_DEFINITION = {
+    "exits": "import os\nos._exit(3)",
+    "segfaults": "import ctypes\nctypes.string_at(0)",
+    "ignores_interrupts": "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
+}
+# Put at the top of project_qkv's body: runs every time a test calls it.
+IN_BODY = {
+    "memory_bomb": "hog = bytearray(8 * 2**30)",
+    "fork_bomb": "import os\nwhile True:\n    os.fork()",
+    "system_exit": "raise SystemExit('bye')",
+}
+HUGE_OUTPUT = "print('x' * 60_000_000)"  # 60 MB on one line
+
+SNOOP = """
+import os, socket
+_escaped = [p for p in {paths!r} if os.path.exists(p)]
+try:
+    open({pwned!r}, "w").write("x")
+    _escaped.append("write")
+except OSError:
+    pass
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=3).sendall(b"hello")
+    _escaped.append("network")
+except OSError:
+    pass
+print("escaped:", _escaped)
+if _escaped:
+    _honest = project_qkv
+    def project_qkv(x, W_q, W_k, W_v):
+        Q, K, V = _honest(x, W_q, W_k, W_v)
+        return Q + 1, K, V
+"""
+
+
+def _in_body(source, snippet):
+    lines = source.splitlines()
+    i = next(i for i, line in enumerate(lines) if line.strip().startswith('"""') and i > 0)
+    j = next(k for k in range(i + 1, len(lines)) if lines[k].strip().endswith('"""')) if not lines[i].strip().endswith('"""') or lines[i].strip() == '"""' else i
+    body = "\n".join("    " + line for line in snippet.splitlines())
+    return "\n".join(lines[: j + 1] + [body] + lines[j + 1:])
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    course = make_course(tmp_path_factory.mktemp("faults"))
+    nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
+    release = nbformat.read(course / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
+    correct = solution_answers(nbformat.read(SOLUTIONS / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4))
+    students = {"correct": correct}
+    for name, snippet in AT_DEFINITION.items():
+        students[name] = {**correct, "project_qkv": correct["project_qkv"] + "\n\n" + snippet + "\n"}
+    for name, snippet in IN_BODY.items():
+        students[name] = {**correct, "project_qkv": _in_body(correct["project_qkv"], snippet)}
+    students["huge_output"] = {**correct, "project_qkv": correct["project_qkv"] + "\n\n" + HUGE_OUTPUT + "\n"}
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(5)
+    server.settimeout(0.1)
+    snoop = SNOOP.format(
+        paths=[str(course / "solutions"), str(course / "gradebook.db"), str(course / "submitted"), str(course / "nbgrader_config.py")],
+        pwned=str(course / "pwned.txt"), port=server.getsockname()[1],
+    )
+    students["snoops"] = {**correct, "project_qkv": correct["project_qkv"] + "\n" + snoop}
+    for student, answers in students.items():
+        target = course / "submitted" / student / ASSIGNMENT
+        target.mkdir(parents=True)
+        nbformat.write(fill(release, answers), target / f"{NOTEBOOK}.ipynb")
+    before = _sandbox_processes()
+    proc = nbgrader(course, "autograde", ASSIGNMENT, f"--Execute.timeout={TIMEOUT}",
+                    "--RobustExecute.probe_timeout=5", timeout=1800)
+    after = _sandbox_processes()
+    calls = []
+    try:
+        while True:
+            calls.append(server.accept())
+    except OSError:
+        pass
+    server.close()
+    nbgrader(course, "export")
+    with open(course / "grades.csv", newline="") as f:
+        rows = {r["student_id"]: float(r["score"]) for r in csv.DictReader(f)}
+    return course, rows, proc, before, after, calls
+
+
+def _sandbox_processes():
+    """Live sandbox processes. Zombies (state Z: dead, waiting for this machine's
+    init to collect them) hold nothing and are not counted."""
+    out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
+    return sorted(
+        line for line in out.splitlines()[1:]
+        if ("bwrap" in line or "firstprinciples.grading.sandbox" in line or "ipykernel_launcher" in line)
+        and not line.split()[1].startswith("Z")
+    )
+
+
+def test_correct_answer_gets_full_marks(graded):
+    assert graded[1]["correct"] == 12
+
+
+@pytest.mark.parametrize("student", sorted([*AT_DEFINITION, *IN_BODY]))
+def test_fault_costs_only_its_piece(graded, student):
+    assert graded[1][student] == 6, f"{student}: {graded[1][student]}/12"
+
+
+def test_huge_output_is_cut_and_costs_nothing(graded):
+    course, rows = graded[0], graded[1]
+    assert rows["huge_output"] == 12
+    nb = nbformat.read(course / "autograded" / "huge_output" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
+    cell = next(c for c in answer_cells(nb) if nbgrader_meta(c)["grade_id"] == "project_qkv")
+    text = "".join(str(o.get("text", "")) for o in cell.outputs)
+    assert "output cut" in text and len(text) < 300_000
+
+
+@pytest.mark.parametrize("student, reason", [
+    ("exits", "kernel died"), ("segfaults", "kernel died"), ("ignores_interrupts", "did not stop when interrupted"),
+])
+def test_feedback_says_what_happened(graded, student, reason):
+    course = graded[0]
+    nb = nbformat.read(course / "autograded" / student / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
+    cell = next(c for c in answer_cells(nb) if nbgrader_meta(c)["grade_id"] == "project_qkv")
+    errors = [o for o in cell.outputs if o.get("output_type") == "error"]
+    assert errors and errors[-1]["ename"] == "GradingFault" and reason in errors[-1]["evalue"], cell.outputs
+
+
+def test_no_process_outlives_grading(graded):
+    _, _, _, before, after, _ = graded
+    assert after == before, f"left running: {sorted(set(after) - set(before))}"
+
+
+def test_sandbox_hides_the_course_the_network_and_the_disk(graded):
+    """The "snoops" student looks for the course's files, writes beside them and
+    calls a server on the host's loopback; if anything works, its project_qkv
+    turns wrong (and the grade drops to 6)."""
+    course, rows = graded[0], graded[1]
+    assert rows["snoops"] == 12, "the submission reached something it should not have"
+    assert not (course / "pwned.txt").exists()
+    assert graded[5] == [], "the sandboxed kernel reached a server on the host"

@@ -1,0 +1,55 @@
+"""The students' check command: run a saved notebook as the grader will, report per test."""
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from course import EXERCISES, SOLUTIONS
+from test_instructor_roundtrip import NO_SCALING, fill, solution_answers
+
+ASSIGNMENT, NOTEBOOK = "attention", "scaled_dot_product_attention"
+
+
+def run_check(path):
+    return subprocess.run([sys.executable, "-m", "firstprinciples.grading.check", str(path)],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def notebooks(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("student")
+    release = nbformat.read(EXERCISES / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
+    correct = solution_answers(nbformat.read(SOLUTIONS / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4))
+    paths = {}
+    for name, answers in {"correct": correct, "untouched": {}, "no_scaling": {NOTEBOOK: NO_SCALING}}.items():
+        paths[name] = folder / f"{name}.ipynb"
+        nbformat.write(fill(release, answers), paths[name])
+    paths["broken"] = folder / "broken.ipynb"
+    paths["broken"].write_text('{"cells": [ this is not json')
+    return paths
+
+
+def test_correct_notebook_passes_everything(notebooks):
+    proc = run_check(notebooks["correct"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Visible score: 10/10" in proc.stdout
+    assert "FAIL" not in proc.stdout
+
+
+def test_untouched_release_fails_every_test_and_says_why(notebooks):
+    proc = run_check(notebooks["untouched"])
+    assert proc.returncode == 1
+    assert "Visible score: 0/10" in proc.stdout
+    assert proc.stdout.count("FAIL") == 5 and "NotImplementedError" in proc.stdout
+
+
+def test_mistake_is_named(notebooks):
+    proc = run_check(notebooks["no_scaling"])
+    assert proc.returncode == 1
+    assert "no scaling" in proc.stdout and "pass  test_batched_shapes" in proc.stdout
+
+
+def test_unreadable_notebook_is_reported(notebooks):
+    proc = run_check(notebooks["broken"])
+    assert proc.returncode == 2 and "not a readable notebook" in proc.stderr
