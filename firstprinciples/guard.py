@@ -122,7 +122,7 @@ def _raise_forbidden(hits, what):
     seen = ", ".join(sorted(set(hits)))
     raise ForbiddenCall(
         f"Your answer calls {seen}. This exercise asks you to build {what or 'this piece'} "
-        "yourself from basic tensor operations, so this check scores 0."
+        "yourself, so this check scores 0."
     )
 
 
