@@ -18,10 +18,12 @@ import sys
 import tempfile
 
 from nbconvert.preprocessors import ClearMetadataPreprocessor
-from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput, SaveAutoGrades
+from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearOutput, DeduplicateIds, IgnorePattern,
+                                    LimitOutput, OverwriteCells, OverwriteKernelspec, SaveAutoGrades)
 
 import firstprinciples.grading
 from firstprinciples.grading.execute import RobustExecute
+from firstprinciples.grading.sanitize import CsvExportWithNotes, MatchNotebooks, RestoreCells, TolerantNotebookExporter
 
 c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
 
@@ -37,6 +39,16 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 # alone takes a few seconds on a cold cache; the slowest test cell takes ~10 s).
 c.Execute.timeout = 120
 c.Execute.interrupt_on_timeout = True
+# Broken submissions (unreadable, missing or renamed notebook, deleted,
+# duplicated or retyped test cells, stripped metadata) are graded as far as
+# possible, with a note per student in the log and in grades.csv
+# (firstprinciples.grading.sanitize).
+c.Autograde.sanitize_preprocessors = [
+    RestoreCells, ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells, CheckCellMetadata,
+]
+c.Autograde.exporter_class = TolerantNotebookExporter
+c.Autograde.pre_convert_hook = MatchNotebooks(c.CourseDirectory.source_directory)
+c.ExportApp.plugin_class = CsvExportWithNotes
 c.Autograde.autograde_preprocessors = [
     RobustExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
     SaveAutoGrades, AssignLatePenalties, CheckCellMetadata,

@@ -58,9 +58,17 @@ def make_course(tmp: Path) -> Path:
     return course
 
 
+def scratch(course: Path) -> Path:
+    """The temporary folder of this course's grading runs: the sandboxes' sockets and
+    connection files live there, so this course's kernels can be told from others'."""
+    return course.parent / "tmp"
+
+
 def nbgrader(course: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     """Run a plain `nbgrader` command in the course folder; fail loudly on error."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NBGRADER")}
+    scratch(course).mkdir(exist_ok=True)
+    env["TMPDIR"] = str(scratch(course))
     proc = subprocess.run(
         [sys.executable, "-m", "nbgrader", *args],
         cwd=course, env=env, capture_output=True, text=True, timeout=timeout,

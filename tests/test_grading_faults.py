@@ -14,7 +14,7 @@ import subprocess
 import nbformat
 import pytest
 
-from course import SOLUTIONS, answer_cells, make_course, nbgrader, nbgrader_meta
+from course import SOLUTIONS, answer_cells, make_course, nbgrader, nbgrader_meta, scratch
 from test_instructor_roundtrip import fill, solution_answers
 
 ASSIGNMENT, NOTEBOOK = "qkv", "queries_keys_values"
@@ -89,10 +89,9 @@ def graded(tmp_path_factory):
         target = course / "submitted" / student / ASSIGNMENT
         target.mkdir(parents=True)
         nbformat.write(fill(release, answers), target / f"{NOTEBOOK}.ipynb")
-    before = _sandbox_processes()
     proc = nbgrader(course, "autograde", ASSIGNMENT, f"--Execute.timeout={TIMEOUT}",
                     "--RobustExecute.probe_timeout=5", timeout=1800)
-    after = _sandbox_processes()
+    after = _sandbox_processes(scratch(course))
     calls = []
     try:
         while True:
@@ -103,17 +102,18 @@ def graded(tmp_path_factory):
     nbgrader(course, "export")
     with open(course / "grades.csv", newline="") as f:
         rows = {r["student_id"]: float(r["score"]) for r in csv.DictReader(f)}
-    return course, rows, proc, before, after, calls
+    return course, rows, proc, after, calls
 
 
-def _sandbox_processes():
-    """Live sandbox processes. Zombies (state Z: dead, waiting for this machine's
-    init to collect them) hold nothing and are not counted."""
+def _sandbox_processes(folder):
+    """Live processes of this course's sandboxes (their command lines name its
+    scratch folder; other tests may be grading at the same time). Zombies
+    (state Z: dead, waiting for this machine's init to collect them) hold
+    nothing and are not counted."""
     out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
     return sorted(
         line for line in out.splitlines()[1:]
-        if ("bwrap" in line or "firstprinciples.grading.sandbox" in line or "ipykernel_launcher" in line)
-        and not line.split()[1].startswith("Z")
+        if str(folder) in line and not line.split()[1].startswith("Z")
     )
 
 
@@ -147,8 +147,8 @@ def test_feedback_says_what_happened(graded, student, reason):
 
 
 def test_no_process_outlives_grading(graded):
-    _, _, _, before, after, _ = graded
-    assert after == before, f"left running: {sorted(set(after) - set(before))}"
+    after = graded[3]
+    assert after == [], f"left running: {after}"
 
 
 def test_sandbox_hides_the_course_the_network_and_the_disk(graded):
@@ -158,4 +158,4 @@ def test_sandbox_hides_the_course_the_network_and_the_disk(graded):
     course, rows = graded[0], graded[1]
     assert rows["snoops"] == 12, "the submission reached something it should not have"
     assert not (course / "pwned.txt").exists()
-    assert graded[5] == [], "the sandboxed kernel reached a server on the host"
+    assert graded[4] == [], "the sandboxed kernel reached a server on the host"
