@@ -178,3 +178,26 @@ def call_answer(fn, args, kwargs=None, *, names, forbidden):
                 "(for example `x = x / s` rather than `x /= s` or `x.div_(s)`)."
             )
     return unpack(result, names)
+
+
+def assert_gradcheck(fn, inputs, *, what, fast=False):
+    """Fail unless autograd's gradients of ``fn(*inputs)`` equal finite differences.
+
+    ``torch.autograd.gradcheck`` perturbs each float64 input by 1e-6 and compares
+    the central differences with autograd; for a differentiable answer the two
+    agree to about 1e-8, far inside its tolerances (atol 1e-5, rtol 1e-3), while
+    a step that breaks autograd is off by order 1. ``fast=True`` compares along
+    random directions (seeded here) instead of one pass per input entry.
+    ``what`` names the gradients for the message, e.g. "your output with respect to x".
+    """
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            ok = torch.autograd.gradcheck(fn, tuple(inputs), raise_exception=False, fast_mode=fast)
+    except (RuntimeError, AssertionError) as err:
+        raise AssertionError(f"Gradients could not be checked: {err}") from None
+    if not ok:
+        raise AssertionError(
+            f"The gradients of {what} do not match what small changes of the inputs produce: some step "
+            "breaks autograd (a detach, a round trip through numpy or Python numbers, or an in-place change)."
+        )

@@ -23,7 +23,7 @@ from torch import nn
 
 from ..guard import call_without
 from ..reference import causal_mask, sinusoidal_encoding
-from ._core import Mistake, assert_matches, fmt, unpack, with_diagnosis
+from ._core import Mistake, assert_gradcheck, assert_matches, fmt, unpack, with_diagnosis
 from .multihead import build, forbidden_in_forward, linear_layer, load_mha_weights, reference_mha, run_module
 
 TORCH_PATTERNS = (
@@ -420,20 +420,7 @@ def _gradient_check(module, x, kwargs, forbidden, names, what):
     def output_only(inp):
         return unpack(call_without(module, (inp,), kwargs, **forbidden), names)[0]
 
-    # gradcheck compares autograd with central differences (eps 1e-6) in float64;
-    # the two agree to about 1e-8, far inside its tolerances (atol 1e-5, rtol 1e-3).
-    # fast_mode compares them along seeded random directions: one pass instead of one per entry.
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            ok = torch.autograd.gradcheck(output_only, (leaf,), raise_exception=False, fast_mode=True)
-    except (RuntimeError, AssertionError) as err:
-        raise AssertionError(f"Gradients could not be checked: {err}") from None
-    if not ok:
-        raise AssertionError(
-            f"The gradient of the output of {what} with respect to x does not match what small changes of x produce: "
-            "some step breaks autograd (a detach, a round trip through numpy, an in-place change) or is random."
-        )
+    assert_gradcheck(output_only, (leaf,), what=f"the output of {what} with respect to x", fast=True)
 
 
 def check_ffn_gradients_and_inputs(cls):

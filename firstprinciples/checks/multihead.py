@@ -27,7 +27,7 @@ from ..reference import causal_mask
 from ..reference import merge_heads as ref_merge_heads
 from ..reference import scaled_dot_product_attention as ref_attention
 from ..reference import split_heads as ref_split_heads
-from ._core import Mistake, assert_matches, call_answer, fmt, unpack, with_diagnosis
+from ._core import Mistake, assert_gradcheck, assert_matches, call_answer, fmt, unpack, with_diagnosis
 
 TORCH_PATTERNS = ("multi_head_attention", "scaled_dot_product_attention", "MultiheadAttention")
 PIECES = ("split_heads", "merge_heads", "MultiHeadAttention", "scaled_dot_product_attention")
@@ -617,20 +617,7 @@ def check_mha_gradients_and_inputs(cls, full=True):
         def output_only(inp):
             return unpack(call_without(module, (inp,), kwargs, **FORBIDDEN_MHA), ("output", "weights"))[0]
 
-        # gradcheck compares autograd with central differences (eps 1e-6) in float64;
-        # the two agree to about 1e-8, far inside its tolerances (atol 1e-5, rtol 1e-3).
-        # fast_mode compares them along seeded random directions: one pass instead of one per entry.
-        try:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(0)
-                ok = torch.autograd.gradcheck(output_only, (leaf,), raise_exception=False, fast_mode=True)
-        except (RuntimeError, AssertionError) as err:
-            raise AssertionError(f"Gradients could not be checked: {err}") from None
-        if not ok:
-            raise AssertionError(
-                "The gradient of your output with respect to x does not match what small changes of x produce: "
-                "some step breaks autograd (a detach, a round trip through numpy, or an in-place change)."
-            )
+        assert_gradcheck(output_only, (leaf,), what="your output with respect to x", fast=True)
 
 
 __all__ = [

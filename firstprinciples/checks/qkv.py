@@ -23,7 +23,7 @@ from .. import examples
 from ..guard import call_without
 from ..reference import dot_product_scores as reference_scores
 from ..reference import project_qkv as reference_project
-from ._core import Mistake, assert_matches, call_answer, unpack, with_diagnosis
+from ._core import Mistake, assert_gradcheck, assert_matches, call_answer, unpack, with_diagnosis
 
 FORBIDDEN_PROJECT = dict(torch_patterns=(), pieces=("project_qkv",), what="the query, key and value projections")
 FORBIDDEN_SCORES = dict(torch_patterns=(), pieces=("dot_product_scores",), what="the dot-product scores")
@@ -225,19 +225,7 @@ def _gradcheck(fn, leaves, names, outputs, forbidden, what):
     def wrapped(*inputs):
         return unpack(call_without(fn, inputs, **forbidden), outputs)
 
-    # gradcheck compares autograd with central differences (eps 1e-6); in
-    # float64 the two agree to about 1e-8, and its default tolerances
-    # (atol 1e-5, rtol 1e-3) are far from any real error.
-    try:
-        ok = torch.autograd.gradcheck(wrapped, tuple(leaves), raise_exception=False)
-    except (RuntimeError, AssertionError) as err:
-        raise AssertionError(f"Gradients could not be checked: {err}") from None
-    if not ok:
-        raise AssertionError(
-            f"The gradients of {what} do not match what small changes of the inputs produce: "
-            "some step breaks autograd (a detach, a round trip through numpy or Python numbers, "
-            "or an in-place change)."
-        )
+    assert_gradcheck(wrapped, tuple(leaves), what=what)
 
 
 # ================================================================ project_qkv

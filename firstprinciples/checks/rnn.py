@@ -16,7 +16,7 @@ import torch
 
 from ..guard import call_without
 from ..reference import rnn_forward as reference
-from ._core import Mistake, assert_matches, call_answer, unpack, with_diagnosis
+from ._core import Mistake, assert_gradcheck, assert_matches, call_answer, unpack, with_diagnosis
 
 FORBIDDEN = dict(
     # nn.RNN and nn.RNNCell reach torch.rnn_tanh / torch.rnn_tanh_cell (or the
@@ -313,19 +313,7 @@ def check_gradients_and_inputs(fn, full=True):
         def states_only(*inputs):
             return unpack(call_without(fn, inputs, **FORBIDDEN), ("states",))[0]
 
-        # gradcheck compares autograd with central differences (eps 1e-6); in
-        # float64 the two agree to about 1e-8, and its default tolerances
-        # (atol 1e-5, rtol 1e-3) are far from any real error.
-        try:
-            ok = torch.autograd.gradcheck(states_only, tuple(leaves), raise_exception=False)
-        except (RuntimeError, AssertionError) as err:
-            raise AssertionError(f"Gradients could not be checked: {err}") from None
-        if not ok:
-            raise AssertionError(
-                "The gradients of your states with respect to the inputs do not match what small changes "
-                "of the inputs produce: some step breaks autograd (a detach, a round trip through numpy "
-                "or Python numbers, or an in-place change)."
-            )
+        assert_gradcheck(states_only, tuple(leaves), what="your states with respect to the inputs")
 
 
 __all__ = [
