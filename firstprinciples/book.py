@@ -15,12 +15,14 @@ nbgrader generates.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path, PurePosixPath
 
 from docutils import nodes
 from sphinx import addnodes
 
 EXERCISE_PREFIX = "exercises/"
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def _text(*parts):
@@ -99,8 +101,19 @@ def execute_in_parallel(app, env, docnames):
     # Notebooks already cached (same code) are skipped by the executor; one that
     # fails is left uncached, so myst-nb runs it again and reports the error.
     executor = load_executor("local-parallel", cache, logger=_quiet_logger())
-    executor.run_and_cache(filter_uris=uris, timeout=config.nb_execution_timeout,
-                           allow_errors=config.nb_execution_allow_errors)
+    # One process per core, so one thread per process: torch's default (a thread
+    # per core in every kernel) oversubscribes the cores and slows the build.
+    saved = {k: os.environ.get(k) for k in THREAD_VARIABLES}
+    os.environ.update({k: "1" for k in THREAD_VARIABLES})
+    try:
+        executor.run_and_cache(filter_uris=uris, timeout=config.nb_execution_timeout,
+                               allow_errors=config.nb_execution_allow_errors)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _quiet_logger():
