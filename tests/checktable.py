@@ -162,3 +162,21 @@ def naming_by_piece_test(checks_of, variants, cases):
         assert_names_the_mistake(checks_of[piece][check], variants[(piece, label)][0], label)
 
     return test
+
+
+def outputs_variant(base, name, transform):
+    """A wrong answer: module ``base`` whose ``forward`` returns each output through
+    ``transform`` (for example ``torch.Tensor.detach``, or a cast)."""
+
+    def forward(self, *args, **kwargs):
+        return tuple(transform(t) for t in base.forward(self, *args, **kwargs))
+
+    return type(name, (base,), {"forward": forward})
+
+
+# The usual ways an otherwise right module loses its outputs' autograd, type or dtype.
+OUTPUT_BREAKS = {
+    "Detached": lambda t: t.detach(),
+    "ReturnsNumpy": lambda t: t.detach().numpy(),
+    "CastsToFloat32": lambda t: t.float(),
+}

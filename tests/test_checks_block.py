@@ -20,7 +20,10 @@ from torch import nn
 
 from firstprinciples import reference
 from firstprinciples.checks import block as Bk
-from checktable import assert_passes, expectations_test, naming_test_for, outcome, rejections_test, variants_test
+from checktable import (
+    OUTPUT_BREAKS, assert_passes, expectations_test, naming_test_for, outcome, outputs_variant, rejections_test,
+    variants_test,
+)
 from seeds import seed_namespace
 
 
@@ -387,22 +390,9 @@ class SubclassesReference(reference.TransformerBlock):
     pass
 
 
-class Detached(GoodBlock):
-    def forward(self, x, mask=None):
-        out, w = super().forward(x, mask)
-        return out.detach(), w.detach()
-
-
-class ReturnsNumpy(GoodBlock):
-    def forward(self, x, mask=None):
-        out, w = super().forward(x, mask)
-        return out.detach().numpy(), w.detach().numpy()
-
-
-class CastsToFloat32(GoodBlock):
-    def forward(self, x, mask=None):
-        out, w = super().forward(x, mask)
-        return out.float(), w.float()
+Detached, ReturnsNumpy, CastsToFloat32 = (
+    outputs_variant(GoodBlock, name, transform) for name, transform in OUTPUT_BREAKS.items()
+)
 
 
 class ModifiesInput(GoodBlock):

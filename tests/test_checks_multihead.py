@@ -20,12 +20,14 @@ from torch import nn
 from firstprinciples import reference
 from firstprinciples.checks import multihead as M
 from checktable import (
+    OUTPUT_BREAKS,
     assert_names_the_mistake,
     assert_passes,
     assert_rejected_by_enough,
     expectations_test,
     naming_test_for,
     outcome,
+    outputs_variant,
     rejections_test,
     variants_test,
 )
@@ -348,22 +350,9 @@ class FusedQKV(GoodMHA):
         return self.W_o(self.merge(out)), w
 
 
-class Detached(GoodMHA):
-    def forward(self, x, mask=None):
-        out, w = super().forward(x, mask)
-        return out.detach(), w.detach()
-
-
-class ReturnsNumpy(GoodMHA):
-    def forward(self, x, mask=None):
-        out, w = super().forward(x, mask)
-        return out.detach().numpy(), w.detach().numpy()
-
-
-class CastsToFloat32(GoodMHA):
-    def forward(self, x, mask=None):
-        out, w = super().forward(x, mask)
-        return out.float(), w.float()
+Detached, ReturnsNumpy, CastsToFloat32 = (
+    outputs_variant(GoodMHA, name, transform) for name, transform in OUTPUT_BREAKS.items()
+)
 
 
 class ModifiesInput(GoodMHA):
