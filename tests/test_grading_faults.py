@@ -23,7 +23,9 @@ TIMEOUT = 20  # seconds per cell in this test (the course uses 120)
 # Appended to the correct project_qkv: runs when the answer cell runs.
 AT_DEFINITION = {
     "exits": "import os\nos._exit(3)",
-    "segfaults": "import ctypes\nctypes.string_at(0)",
+    # (ctypes, the usual way to segfault, is refused by the trusted scan for the whole notebook:
+    # it can rewrite any object; a kill by SIGSEGV is the same crash seen from the grader)
+    "segfaults": "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)",
     "ignores_interrupts": "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
 }
 # Put at the top of project_qkv's body: runs every time a test calls it.
@@ -48,11 +50,6 @@ try:
 except OSError:
     pass
 print("escaped:", _escaped)
-if _escaped:
-    _honest = project_qkv
-    def project_qkv(x, W_q, W_k, W_v):
-        Q, K, V = _honest(x, W_q, W_k, W_v)
-        return Q + 1, K, V
 """
 
 
@@ -84,11 +81,14 @@ def graded(tmp_path_factory):
         paths=[str(course / "solutions"), str(course / "gradebook.db"), str(course / "submitted"), str(course / "nbgrader_config.py")],
         pwned=str(course / "pwned.txt"), port=server.getsockname()[1],
     )
-    students["snoops"] = {**correct, "project_qkv": correct["project_qkv"] + "\n" + snoop}
+    students["snoops"] = correct
     for student, answers in students.items():
         target = course / "submitted" / student / ASSIGNMENT
         target.mkdir(parents=True)
-        nbformat.write(fill(release, answers), target / f"{NOTEBOOK}.ipynb")
+        nb = fill(release, answers)
+        if student == "snoops":  # in a cell of its own, which no graded piece uses
+            nb.cells.append(nbformat.v4.new_code_cell(snoop))
+        nbformat.write(nb, target / f"{NOTEBOOK}.ipynb")
     proc = nbgrader(course, "autograde", ASSIGNMENT, f"--Execute.timeout={TIMEOUT}",
                     "--RobustExecute.probe_timeout=5", timeout=1800)
     after = _sandbox_processes(scratch(course))
@@ -152,10 +152,12 @@ def test_no_process_outlives_grading(graded):
 
 
 def test_sandbox_hides_the_course_the_network_and_the_disk(graded):
-    """The "snoops" student looks for the course's files, writes beside them and
-    calls a server on the host's loopback; if anything works, its project_qkv
-    turns wrong (and the grade drops to 6)."""
+    """The "snoops" student, in a cell of its own, looks for the course's files, writes
+    beside them and calls a server on the host's loopback, and prints what worked."""
     course, rows = graded[0], graded[1]
-    assert rows["snoops"] == 12, "the submission reached something it should not have"
+    assert rows["snoops"] == 12  # the cell is used by no graded piece: its imports cost nothing
+    nb = nbformat.read(course / "autograded" / "snoops" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
+    text = "".join(str(o.get("text", "")) for o in nb.cells[-1].outputs)
+    assert "escaped: []" in text, f"the submission reached something it should not have: {text!r}"
     assert not (course / "pwned.txt").exists()
     assert graded[4] == [], "the sandboxed kernel reached a server on the host"

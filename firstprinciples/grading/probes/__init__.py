@@ -1,0 +1,213 @@
+"""Probes: what the trusted grader re-checks for each graded piece.
+
+A probe names one object of the notebook (a function, a class, or a variable
+such as the capstone's trained ``model``) and says
+
+- ``cases(rng)``: fresh inputs, drawn in the trusted grader from a seed the
+  student never sees (plain NumPy arrays and Python values);
+- ``run(obj, case)``: how to exercise the object on one case, returning named
+  results (tensors, numbers). The *same* function runs twice: inside the
+  student's sandboxed kernel on the student's object, and in the trusted grader
+  on the course's reference. Only plain data crosses (``wire``), and the
+  comparison is made in the trusted grader (``firstprinciples.grading.trusted``);
+- ``forbidden``: the built-ins the piece must not call (as in its checks);
+- optionally ``judge(case, results)`` instead of a reference, for results that
+  have no reference to compare with (a trained model's accuracy);
+- ``cells``: for a test cell (by grade_id) that grades only part of the piece,
+  which cases (by their ``tags``) it stands for and how they are compared
+  (``Aspect``): so partial credit stays partial. A test cell not listed stands
+  for every case, compared in full.
+
+Probe modules register their probes in ``REGISTRY``; ``load()`` imports them all.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import wire
+
+MODULES = ("attention", "qkv", "rnn", "causal_mask", "position", "multihead", "block", "kv_cache", "encoder_decoder", "capstone")
+
+REGISTRY: dict[str, "Probe"] = {}
+
+
+@dataclass(frozen=True)
+class Aspect:
+    """The part of a probe that one test cell grades.
+
+    ``tags``: the cases whose ``tags`` share one of these (None: every case).
+    ``mode``: "values" compares everything with the reference (type, dtype,
+    shape, requires_grad, NaN and infinities, values within the dtype's
+    tolerance); "structure" only type, dtype, shape and requires_grad (for a
+    test of shapes or of a property, where the reference's values do not matter).
+    ``also``: a function ``also(case, got, want) -> reason or None`` that judges
+    a property of the results after the comparison passed, such as
+    ``honest_gradients``. ``got`` and ``want`` are the encoded results
+    (``arrays`` turns them into NumPy arrays).
+    """
+    tags: frozenset | None = None
+    mode: str = "values"
+    also: Callable | None = None
+
+
+def aspect(*tags: str, mode: str = "values", also: Callable | None = None) -> Aspect:
+    return Aspect(frozenset(tags) if tags else None, mode, also)
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    cases: Callable[[np.random.Generator], list]
+    run: Callable[[Any, dict], dict]
+    reference: Any = None
+    forbidden: dict = field(default_factory=dict)
+    judge: Callable | None = None
+    tolerance: dict = field(default_factory=dict)  # dtype name -> (atol, rtol), overrides the default
+    cells: dict = field(default_factory=dict)  # test cell grade_id -> Aspect
+
+    def watch(self) -> dict:
+        return {"torch_patterns": tuple(self.forbidden.get("torch_patterns", ())),
+                "pieces": tuple(self.forbidden.get("pieces", ()))}
+
+
+def register(*probes: Probe) -> None:
+    for p in probes:
+        REGISTRY[p.name] = p
+
+
+def load() -> dict:
+    for m in MODULES:
+        try:
+            importlib.import_module(f"{__name__}.{m}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{m}":
+                raise
+    return REGISTRY
+
+
+# ---------------------------------------------------------------- cases on the wire
+def encode_case(case: dict) -> dict:
+    return {k: wire.encode(v) for k, v in case.items()}
+
+
+def _decode(d):
+    import torch
+
+    if wire.is_array(d):
+        return torch.from_numpy(wire.array(d))
+    if "items" in d and "keys" in d:
+        return {k: _decode(v) for k, v in zip(d["keys"], d["items"])}
+    if "items" in d:
+        items = [_decode(v) for v in d["items"]]
+        return tuple(items) if d["type"] == "builtins.tuple" else items
+    return wire.scalar(d)
+
+
+def decode_case(enc: dict) -> dict:
+    """A case as the runners see it: arrays become torch tensors of the same dtype."""
+    return {k: _decode(v) for k, v in enc.items()}
+
+
+# ---------------------------------------------------------------- a runner for plain functions
+def _fresh(value):
+    import torch
+
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def call_runner(args: tuple, kwargs: tuple = (), outputs: tuple = ("output",), grad: tuple = ()):
+    """A ``run`` for a function: call it with the case's ``args`` (positional) and
+    ``kwargs`` (by keyword, when present in the case) and report
+
+    - each output (``outputs`` names the items of a returned tuple);
+    - with ``grad`` (names of inputs) and when the case holds ``grad_out``
+      (the upstream gradient of the first output): the gradient of each named input;
+    - every tensor input after the call (an answer must not change its inputs);
+    - when the case also holds ``dir_<name>`` for the ``grad`` inputs: ``fd``, the
+      central finite difference of the first output along those directions,
+      weighted by ``grad_out`` (for ``honest_gradients``; float64 cases).
+    """
+    import torch
+
+    def run(fn, case):
+        inputs = {n: _fresh(case[n]) for n in (*args, *kwargs) if n in case}
+        backward = "grad_out" in case and grad
+        if backward:
+            for n in grad:
+                inputs[n].requires_grad_(True)
+        result = fn(*[inputs[n] for n in args], **{n: inputs[n] for n in kwargs if n in inputs})
+        if len(outputs) == 1:
+            res = {outputs[0]: result}
+        elif isinstance(result, (tuple, list)) and len(result) == len(outputs):
+            res = dict(zip(outputs, result))
+        else:
+            return {"returned": result}  # the wrong structure: reported as such
+        if backward:
+            first = res[outputs[0]]
+            if not isinstance(first, torch.Tensor) or not first.requires_grad:
+                raise AssertionError(f"the output {outputs[0]} is not connected to the inputs' gradients")
+            first.backward(case["grad_out"].to(first.dtype))
+            res.update({f"grad_{n}": inputs[n].grad for n in grad})
+            if all(f"dir_{n}" in case for n in grad):
+                res["fd"] = _finite_difference(fn, case, args, kwargs, outputs, grad)
+        res.update({f"{n} after the call": inputs[n].detach() for n in inputs if isinstance(inputs[n], torch.Tensor)})
+        return res
+
+    return run
+
+
+FD_STEP = 1e-6
+
+
+def _finite_difference(fn, case, args, kwargs, outputs, grad):
+    import torch
+
+    def first(sign):
+        inputs = {n: _fresh(case[n]) for n in (*args, *kwargs) if n in case}
+        for n in grad:
+            inputs[n] = inputs[n] + sign * FD_STEP * case[f"dir_{n}"]
+        with torch.no_grad():
+            result = fn(*[inputs[n] for n in args], **{n: inputs[n] for n in kwargs if n in inputs})
+        return result if len(outputs) == 1 else result[0]
+
+    plus, minus = first(1.0), first(-1.0)
+    return ((plus - minus) / (2 * FD_STEP) * case["grad_out"]).sum().to(torch.float64)
+
+
+def arrays(encoded: dict) -> dict:
+    """The arrays among encoded results, by name."""
+    return {k: wire.array(v) for k, v in encoded.items() if wire.is_array(v)}
+
+
+def honest_gradients(case, got, want):
+    """The answer's gradients agree with its own outputs (whatever their values), and its
+    inputs are unchanged: the directional derivative from the gradients matches the central
+    finite difference ``fd`` to 1e-6 relative (float64: the difference's truncation error is
+    about 1e-12 and its rounding error about 1e-10 with a step of 1e-6)."""
+    a, w = arrays(got), arrays(want)
+    for k in a:
+        if k.endswith(" after the call") and not np.array_equal(a[k], w[k], equal_nan=True):
+            return f"it changes its input {k.split()[0]} in place"
+    if "fd" not in a:
+        return None
+    analytic = sum(float((a[k] * case["dir_" + k[5:]].numpy()).sum()) for k in a if k.startswith("grad_"))
+    fd = float(a["fd"])
+    if not np.isfinite(analytic) or abs(analytic - fd) > 1e-6 * (1 + abs(fd)):
+        return (f"its gradients do not match its own outputs: along a random direction they give {analytic:.6g}, "
+                f"finite differences of the outputs give {fd:.6g}")
+    return None
+
+
+def with_directions(rng, case: dict, names) -> dict:
+    """Add a random direction ``dir_<name>`` per gradient input (for ``honest_gradients``)."""
+    for n in names:
+        case[f"dir_{n}"] = rng.standard_normal(case[n].shape).astype(case[n].dtype)
+    return case
+
+
+def normal(rng: np.random.Generator, shape, dtype="float64", scale=1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(dtype)
