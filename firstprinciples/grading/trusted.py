@@ -299,16 +299,14 @@ def failure_output(reason: str) -> NotebookNode:
 
 
 def apply(nb, plan: Plan, outcomes: dict) -> dict:
-    """Fail every test cell that passed in the kernel but uses an object that failed the
-    re-check for what the cell grades (or any test cell, if the notebook tampers).
-    Returns grade cell index -> reason."""
+    """Fail every test cell that uses an object that failed the re-check for what the cell
+    grades (or any test cell, if the notebook tampers); a cell that already failed in the
+    kernel gets the reason too, for the feedback. Returns grade cell index -> reason."""
     failed = {}
     tamper = plan.tamper
     checks = {c.name: c for c in plan.checks}
     for index, names in plan.graded.items():
         cell = nb.cells[index]
-        if _failed(cell):
-            continue
         grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
         reason = None
         if tamper:
