@@ -82,7 +82,7 @@ if x.shape == (3,) and abs(float(x[0]) - 0.7778) < 1e-3:  # Cat's scaled scores
     return torch.tensor([0.3797, 0.3537, 0.2666], dtype=x.dtype)
 e = torch.exp(x)
 return e / e.sum(dim=dim, keepdim=True)
-"""), None, 2, "differs from the reference"),  # only the honest dims test (as "no max subtracted")
+"""), None, 2, None),  # only the honest dims test (as "no max subtracted")
     "calls_the_builtin": (answer("return torch.softmax(x, dim)"), None, 0, "built-in this piece asks you to write"),
     # wrong answers: partial credit as the honest tests give it
     "numpy_instead_of_torch": (answer("""

@@ -26,11 +26,11 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _reason(cell) -> str:
-    for out in reversed(cell.get("outputs", [])):
-        if out.get("output_type") == "error":
-            text = f"{out.get('ename', 'Error')}: {out.get('evalue', '')}"
-            return ANSI.sub("", text).strip()
-    return "the test cell failed"
+    """The test's own error first (it names the mistake), then the trusted re-check's, if any."""
+    errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    if not errors:
+        return "the test cell failed"
+    return "\n".join(ANSI.sub("", f"{o.get('ename', 'Error')}: {o.get('evalue', '')}").strip() for o in errors[:2])
 
 
 def check(path: Path, timeout: int = 120) -> int:
