@@ -62,6 +62,9 @@ TAMPER = {
     "__eq__ override": "class A:\n    def __eq__(self, other):\n        return True",
     "__torch_function__": "class A:\n    def __torch_function__(self, *a):\n        return 1",
     "threading": "import threading",
+    "sys through torch": "import torch\nmods = torch.sys.modules",
+    "sys through os": "import os\nm = os.sys",
+    "sys through an aliased import": "import os as np\nm = np.sys",
 }
 
 LOCAL = {
@@ -69,6 +72,9 @@ LOCAL = {
     "imports signal": "import signal",
     "imports socket": "import socket",
     "opens a file": "text = open('/etc/hostname').read()",
+    "exits the kernel": "import os\nos._exit(3)",
+    "a private attribute of a local module": "import signal\nh = signal._int_to_enum",
+    "a path module": "import os\np = os.path.join('a', 'b')",
 }
 
 # Ordinary answers: nothing to report.
@@ -79,6 +85,7 @@ CLEAN = {
                       "        self._cache = None\n    def forward(self, x):\n        return x\n    def __len__(self):\n        return 0",
     "typing and dataclasses": "from dataclasses import dataclass\nfrom typing import Optional\n@dataclass\nclass C:\n    x: Optional[int] = None",
     "a check called in a scratch cell": "checks.check_dims(softmax, full=False)",
+    "submodules of allowed modules": "import torch\nimport numpy as np\nn = np.linalg.norm([1.0])\ny = torch.nn.functional.relu(torch.ones(1))",
 }
 
 

@@ -171,24 +171,49 @@ def _course_object(binding):
         return None
 
 
-def module_aliases(trees) -> set:
-    """Names bound to modules by any cell's imports (``torch``, ``np``, ``F``, ``nn``, ...)."""
-    names = {"torch", "np", "numpy", "math", "F", "nn"}
+def module_aliases(trees) -> dict:
+    """Names bound to modules by any cell's imports (``torch``, ``np``, ``F``, ``nn``, ...): name -> module names."""
+    names = {"torch": {"torch"}, "np": {"numpy"}, "numpy": {"numpy"}, "math": {"math"},
+             "F": {"torch.nn.functional"}, "nn": {"torch.nn"}}
     for tree in trees:
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                names.update((a.asname or a.name.split(".")[0]) for a in node.names)
+                for a in node.names:
+                    names.setdefault(a.asname or a.name.split(".")[0], set()).add(a.name if a.asname else a.name.split(".")[0])
             elif isinstance(node, ast.ImportFrom) and node.module:
                 for a in node.names:
                     try:
                         if isinstance(getattr(importlib.import_module(node.module), a.name, None), types.ModuleType):
-                            names.add(a.asname or a.name)
+                            names.setdefault(a.asname or a.name, set()).add(f"{node.module}.{a.name}")
                     except ImportError:
                         pass
     return names
 
 
-def tamper_findings(info: CellInfo, aliases: set, course: dict) -> list[Finding]:
+def _reach_kind(modules: set, chain: list) -> str | None:
+    """What reaching ``<module>.<chain>`` is: None (fine), "local" or "tamper".
+
+    Private and forbidden attributes are tamper, unless every module the name may be is
+    itself a local one (``os._exit`` leaves the exercise but patches nothing). A chain that
+    lands on a module outside the allow-list is judged like importing it: ``torch.sys`` is
+    ``import sys``, ``os.path`` is a local import.
+    """
+    local_root = all(m.split(".")[0] not in ALLOWED_IMPORTS and m.split(".")[0] not in MACHINERY for m in modules)
+    if any(a.startswith("_") for a in chain) or any(a in FORBIDDEN_MODULE_PARTS for a in chain):
+        return "local" if local_root else "tamper"
+    for module in modules:
+        try:
+            obj = importlib.import_module(module)
+        except ImportError:
+            continue
+        for attr in chain:
+            obj = getattr(obj, attr, None)
+            if isinstance(obj, types.ModuleType) and not _module_allowed(obj.__name__):
+                return "tamper" if obj.__name__.split(".")[0] in MACHINERY else "local"
+    return None
+
+
+def tamper_findings(info: CellInfo, aliases: dict, course: dict) -> list[Finding]:
     out = []
 
     def flag(node, message):
@@ -221,8 +246,10 @@ def tamper_findings(info: CellInfo, aliases: set, course: dict) -> list[Finding]
             if node.attr.startswith("__") and node.attr.endswith("__") and node.attr not in ALLOWED_DUNDERS:
                 flag(node, f"uses the attribute {node.attr}, which graded code may not use")
             if root in aliases and root not in course:
-                if any(a.startswith("_") for a in chain) or any(a in FORBIDDEN_MODULE_PARTS for a in chain):
-                    flag(node, f"reaches into {root}.{'.'.join(chain)}, which graded code may not use")
+                kind = _reach_kind(aliases[root], chain)
+                if kind:
+                    out.append(Finding(info.index, node.lineno, kind,
+                                       f"reaches into {root}.{'.'.join(chain)}, which graded code may not use"))
                 if isinstance(node.ctx, (ast.Store, ast.Del)):
                     flag(node, f"changes {root}.{'.'.join(chain)}: graded code may not modify a module")
             if root in course and chain and node.value is not None and isinstance(node.value, ast.Name):
