@@ -342,20 +342,22 @@ def test_correct_answer_passes_every_model_check():
         assert_passes(check, answer(), f"the correct answer fails {name}")
 
 
-def test_tinygpt_wiring_passes():
-    """A second correct wiring, as TinyGPT writes it (self.pos of an arange, a triu mask), with the
-    independent block."""
-    class Wired(GoodGPT):
-        def forward(self, idx):
-            T = idx.shape[1]
-            x = self.tok(idx) + self.pos(torch.arange(T))
-            mask = torch.triu(torch.full((T, T), float("-inf"), dtype=x.dtype), diagonal=1)
-            weights = []
-            for block in self.blocks:
-                x, w = block(x, mask)
-                weights.append(w)
-            return self.head(self.ln_f(x)), weights
+class Wired(GoodGPT):
+    """A second correct wiring, as TinyGPT writes it (self.pos of an arange, a triu mask)."""
 
+    def forward(self, idx):
+        T = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(T))
+        mask = torch.triu(torch.full((T, T), float("-inf"), dtype=x.dtype), diagonal=1)
+        weights = []
+        for block in self.blocks:
+            x, w = block(x, mask)
+            weights.append(w)
+        return self.head(self.ln_f(x)), weights
+
+
+def test_tinygpt_wiring_passes():
+    """The second correct wiring, with the independent block."""
     for name, check in MODEL_CHECKS.items():
         assert_passes(check, answer(StudentGPT=Wired), f"TinyGPT's wiring fails {name}")
 

@@ -158,6 +158,27 @@ def test_the_solutions_are_clean(path):
         assert not result.findings_for(name, registry[name].watch()["torch_patterns"]), name
 
 
+# Names a course cell binds that are still the student's work: the capstone's `model` is built
+# and trained by a locked cell from the student's StudentGPT.
+PROBED_COURSE_NAMES = {"capstone": {"model"}}
+
+
+@pytest.mark.parametrize("path", source_notebooks(), ids=lambda p: p.parent.name)
+def test_every_graded_piece_is_re_checked_and_only_there(path):
+    """Probes are found by the names the test cells use: in each notebook, every answer a
+    test cell names has a probe, and no probe lands on a name that the notebook's course
+    cells define (a course variable that happens to share a probe's name)."""
+    nb = nbformat.read(path, as_version=4)
+    result = scan.scan(nb, trusted.course_sources(path))
+    registry = probes.load()
+    written = {n for c in result.infos if c.student for n in c.defines}
+    probed = {n for names in trusted.grade_cell_names(nb, registry).values() for n in names}
+    allowed = written | PROBED_COURSE_NAMES.get(path.parent.name, set())
+    assert probed <= allowed, f"probes on names the course defines: {sorted(probed - allowed)}"
+    tested = {n for names in trusted.grade_cell_names(nb, written).values() for n in names}
+    assert tested <= probed, f"graded answers without a probe: {sorted(tested - probed)}"
+
+
 # ---------------------------------------------------------------- wire and comparison
 def _enc(value):
     return wire.loads(wire.dumps(wire.encode(value)))

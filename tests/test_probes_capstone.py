@@ -1,0 +1,256 @@
+"""The trusted re-check of the capstone (StudentGPT, generate_cached, the trained model) agrees with its checks.
+
+The capstone's answers are bundles (tests/test_checks_capstone.py: ``answer()``), so the namespace of
+a run is the bundle itself rather than one piece over a base; the agreement is the same as
+``probetable.agreement_test``'s: per test cell, the trusted re-check fails exactly when the cell's
+checks fail, over every correct answer and variant of both tables and three secret seeds.
+"""
+from __future__ import annotations
+
+import math
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+from probetable import SEEDS, expected_failures, trusted_failures
+
+import test_checks_capstone as T
+from course import SOLUTIONS
+from firstprinciples.grading import probes, wire
+from firstprinciples.grading.runtime import report
+
+NOTEBOOK = "capstone/capstone.ipynb"
+
+# test cell -> the table's checks it runs (solutions/capstone/capstone.ipynb)
+MODEL_CELLS = {
+    "test_model_structure": {"structure"},
+    "test_model_forward": {"forward", "forward_visible"},  # the visible call, then the hidden full one
+    "test_model_causal": {"causal"},
+    "test_generate_cached": {"generate", "generate_visible"},
+}
+TRAINED_CELLS = {"test_trained": {"trained"}, "test_resolves_it": {"resolves"},
+                 "test_generate_trained": {"generate_trained"}}
+
+MODEL_DIFFERENCES = {
+    # The probe of StudentGPT sees the class alone, not which class the notebook calls TransformerBlock:
+    # a model built from another (correct) block class passes the trusted re-check, and the in-kernel
+    # structure test (which is given TransformerBlock) is what takes the points.
+    "blocks of another class": (set(), "the probe cannot see the notebook's TransformerBlock"),
+    # The re-check of test_generate_cached compares the model's own logits (what cached decoding is checked
+    # against) with the network's, and runs the forward pass under the watcher; the in-kernel check runs that
+    # uncached forward pass outside the guard, so it lets a forbidden causal_mask through there (the
+    # structure, forward and causal tests already score 0 for it).
+    "uses the course's causal_mask": (
+        {"test_model_structure", "test_model_forward", "test_model_causal", "test_generate_cached"},
+        "the forward pass that cached decoding is compared with runs under the watcher",
+    ),
+}
+TRAINED_DIFFERENCES = {
+    # As above: the probe of ``model`` cannot see which class the notebook calls TransformerBlock.
+    "blocks of another class": (set(), "the probe cannot see the notebook's TransformerBlock"),
+}
+
+
+def namespace(bundle) -> dict:
+    ns = dict(vars(bundle))
+    if isinstance(ns.get("model"), str):
+        ns["model"] = T.trained(ns["model"])
+    return ns
+
+
+def agreement(cells, correct, variants, differences):
+    params = [pytest.param(a, set(), n, id=f"correct:{n}") for n, a in correct.items()]
+    params += [pytest.param(a, fails, n, id=f"variant:{n}") for n, (a, fails) in variants.items()]
+
+    @pytest.mark.parametrize("seed", SEEDS)
+    @pytest.mark.parametrize("bundle, fails, name", params)
+    def test(bundle, fails, name, seed):
+        got = trusted_failures(NOTEBOOK, namespace(bundle), seed, cells)
+        want = differences[name][0] if name in differences else expected_failures(cells, fails)
+        assert got == want, f"{name} (seed {seed}): trusted re-check fails {sorted(got)}, the checks fail {sorted(want)}"
+
+    return test
+
+
+test_model_agrees = agreement(MODEL_CELLS, {"independent": T.answer(), "TinyGPT's wiring": T.answer(StudentGPT=T.Wired)},
+                              T.MODEL_VARIANTS, MODEL_DIFFERENCES)
+test_trained_agrees = agreement(TRAINED_CELLS, {"trained": T.trained_answer()}, T.TRAINED_VARIANTS, TRAINED_DIFFERENCES)
+
+
+def test_differences_are_variants():
+    assert set(MODEL_DIFFERENCES) <= set(T.MODEL_VARIANTS)
+    assert set(TRAINED_DIFFERENCES) <= set(T.TRAINED_VARIANTS)
+
+
+# ====================================================================== the notebook's own answers (kernel-like globals)
+def solution_namespace() -> dict:
+    """The solution notebook's import and answer cells run in one dict, as in a kernel: the answers'
+    ``__globals__`` is the namespace (so the decoder's probe finds StudentGPT and KVCache there)."""
+    nb = nbformat.read(SOLUTIONS / NOTEBOOK, as_version=4)
+    ns: dict = {}
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "imports"):
+            exec(compile(cell.source, meta.get("grade_id", "cell"), "exec"), ns)
+    ns["corpus"] = T.the_corpus()
+    ns["model"] = T.trained("correct")
+    return ns
+
+
+def verdicts(ns, seed=0, cells=(*MODEL_CELLS, *TRAINED_CELLS)):
+    return trusted_failures(NOTEBOOK, ns, seed, cells)
+
+
+def test_solution_passes_through_its_globals():
+    ns = solution_namespace()
+    assert verdicts(ns) == set()
+
+
+RESTART = '''
+def generate_cached(model, ids, n_new):
+    caches = [KVCache() for _ in model.blocks]
+    new, steps = ids, []
+    with torch.no_grad():
+        for _ in range(n_new):
+            x = model.tok(new) + model.pos(torch.arange(new.shape[1]))  # positions restart at 0
+            for block, cache in zip(model.blocks, caches):
+                a, _ = cached_attention_step(block.ln1(x), cache, block.attn)
+                x = x + a
+                x = x + block.ffn(block.ln2(x))
+            logits = model.head(model.ln_f(x[:, -1]))
+            steps.append(logits)
+            new = logits.argmax(-1, keepdim=True)
+            ids = torch.cat([ids, new], dim=1)
+    return ids, torch.stack(steps, dim=1)
+'''
+
+NO_KVCACHE = '''
+def generate_cached(model, ids, n_new):
+    """Right values, its own (K, V) tensors instead of the notebook's KVCache: the test counts no cache."""
+    H = model.blocks[0].attn.n_heads
+    kv = [None] * len(model.blocks)
+    new, steps, seen = ids, [], 0
+    with torch.no_grad():
+        for _ in range(n_new):
+            x = model.tok(new) + model.pos(torch.arange(seen, seen + new.shape[1]))
+            for i, block in enumerate(model.blocks):
+                h = block.ln1(x)
+                q, k, v = (split_heads(W(h), H) for W in (block.attn.W_q, block.attn.W_k, block.attn.W_v))
+                if kv[i] is not None:
+                    k, v = torch.cat([kv[i][0], k], -2), torch.cat([kv[i][1], v], -2)
+                kv[i] = (k, v)
+                T_new, T_all = q.shape[-2], k.shape[-2]
+                mask = torch.triu(torch.full((T_new, T_all), float("-inf"), dtype=h.dtype), diagonal=T_all - T_new + 1)
+                out, _ = scaled_dot_product_attention(q, k, v, mask)
+                x = x + block.attn.W_o(merge_heads(out))
+                x = x + block.ffn(block.ln2(x))
+            logits = model.head(model.ln_f(x[:, -1]))
+            steps.append(logits)
+            seen += new.shape[1]
+            new = logits.argmax(-1, keepdim=True)
+            ids = torch.cat([ids, new], dim=1)
+    return ids, torch.stack(steps, dim=1)
+'''
+
+
+@pytest.mark.parametrize("source, fails", [
+    (RESTART, {"test_generate_cached", "test_generate_trained"}),
+    (NO_KVCACHE, {"test_generate_cached", "test_generate_trained"}),
+], ids=["positions restart at 0", "no KVCache"])
+def test_decoder_variants_through_the_globals(source, fails):
+    """The decoder's probe uses the notebook's StudentGPT and counts the notebook's KVCache; the checks agree."""
+    from firstprinciples.checks import capstone as C
+
+    ns = solution_namespace()
+    exec(source, ns)
+    for check in (lambda: C.check_generate_cached(ns["generate_cached"], ns["StudentGPT"], ns["KVCache"]),
+                  lambda: C.check_generate_trained(ns["generate_cached"], ns["model"], ns["corpus"], ns["KVCache"])):
+        with pytest.raises(AssertionError):
+            check()
+    assert verdicts(ns) == fails
+
+
+def test_the_decoder_probe_uses_the_notebooks_model_class():
+    """A decoder relying on an attribute of the student's own attention (not in the spec) passes: the
+    probe builds the notebook's StudentGPT, not a model of its own."""
+    from firstprinciples.checks import capstone as C
+
+    ns = solution_namespace()
+    exec("_Base = MultiHeadAttention\n"
+         "class MultiHeadAttention(_Base):\n"
+         "    def __init__(self, d_model, n_heads):\n"
+         "        super().__init__(d_model, n_heads)\n"
+         "        self.width_of_a_head = d_model // n_heads\n", ns)
+    exec(RESTART.replace("torch.arange(new.shape[1])", "torch.arange(len(caches[0]), len(caches[0]) + new.shape[1])")
+         .replace("                x = x + a\n", "                x = x + a * (block.attn.width_of_a_head > 0)\n"), ns)
+    C.check_generate_cached(ns["generate_cached"], ns["StudentGPT"], ns["KVCache"])
+    assert verdicts(ns, cells=("test_generate_cached",)) == set()
+
+
+# ====================================================================== sizes, time, forging
+def encoded_results(name, ns, seed=0):
+    probe = probes.load()[name]
+    cases = [probes.encode_case(c) for c in probe.cases(np.random.default_rng([seed, 7]))]
+    return cases, report(ns, name, cases)
+
+
+@pytest.mark.parametrize("name", ["StudentGPT", "generate_cached", "model"])
+def test_results_are_small(name):
+    ns = solution_namespace()
+    _, rep = encoded_results(name, ns)
+    assert all("outputs" in r and not r["hits"] for r in rep["results"]), rep["results"]
+    assert len(wire.dumps(rep)) < 100_000
+
+
+def test_model_judge_uses_the_checks_numbers():
+    """The judge's loss and accuracy are the checks' (held_out_loss, accuracy) for the trained model."""
+    from firstprinciples.capstone.train import accuracy, held_out_loss
+    from firstprinciples.grading.probes import capstone as P
+
+    model = T.trained("correct")
+    corpus = T.the_corpus()
+    cases = P.model_cases(np.random.default_rng(0))
+    loss_case, resolve_case = (probes.decode_case(probes.encode_case(c)) for c in cases[:2])
+    logp = P.run_model(model, loss_case)["logp"].double()
+    assert math.isclose(-logp.mean().item(), held_out_loss(model, corpus.held_out), rel_tol=1e-5)
+    pred = P.run_model(model, resolve_case)["pred"]
+    answers = torch.tensor([ex.ids[ex.answer_index] for ex in corpus.held_out])
+    assert math.isclose((pred == answers).double().mean().item(), accuracy(model, corpus.held_out), abs_tol=1e-9)
+
+
+def test_forged_model_results_are_judged_in_the_grader():
+    """Whatever the kernel ships is judged by the grader's thresholds: a malformed or too-good report fails."""
+    from firstprinciples.grading.probes import capstone as P
+
+    cases = [probes.decode_case(probes.encode_case(c)) for c in P.model_cases(np.random.default_rng(0))]
+    loss_case = cases[0]
+    n = int((loss_case["ids"][:, 1:] != loss_case["pad"]).sum())
+    def enc(v):
+        return {"logp": wire.encode(v)}
+
+    assert P.judge_model(loss_case, enc(torch.full((n,), -0.1))) is not None  # below the leak threshold
+    assert P.judge_model(loss_case, enc(torch.full((n - 1,), -0.6))) is not None  # wrong size
+    assert P.judge_model(loss_case, enc(torch.full((n,), 0.5))) is not None  # not log-probabilities
+    assert P.judge_model(loss_case, {"logp": {"type": "builtins.str", "value": "0.6"}}) is not None
+    assert P.judge_model(loss_case, enc(torch.full((n,), -0.6))) is None
+
+
+def test_a_hard_coded_forward_fails_the_re_check():
+    """A StudentGPT that computes with the visible test's seeded parameters instead of its own passes the
+    visible forward test in the kernel, and fails the re-check's secret parameters."""
+    from firstprinciples.checks import capstone as C
+
+    g = torch.Generator().manual_seed(600)  # the visible forward test's case, computed here once
+    P = C.random_parameters(g, dtype=torch.float64, **C.SMALL)
+    idx = torch.randint(0, C.SMALL["vocab_size"], (2, 7), generator=g)
+    with torch.no_grad():
+        logits, *weights = C.reference_gpt(idx, P, C.SMALL["n_heads"])
+
+    class Fixed(T.GoodGPT):
+        def forward(self, idx):
+            return logits.clone(), [w.clone() for w in weights]
+
+    C.check_model_forward(Fixed, full=False)
+    got = verdicts(namespace(T.answer(StudentGPT=Fixed)), cells=tuple(MODEL_CELLS))
+    assert {"test_model_forward", "test_generate_cached"} <= got

@@ -1,0 +1,166 @@
+"""The trusted re-check of the multi-head, transformer-block and KV-cache pieces agrees with their checks.
+
+For each piece: every correct answer and every variant of the matching table
+(tests/test_checks_multihead.py, _block, _kv_cache) gets, per test cell, the
+trusted verdict its checks give (the cell -> check names maps below are read
+off the notebooks' test cells). The later notebooks' 1-point recap cells are
+covered too, in the notebook where they appear.
+
+Shared grade_ids: a probe's ``cells`` is keyed by grade_id alone, so
+``test_split_heads``, ``test_merge_heads`` (multi-head notebook: the full
+checks; transformer_block and capstone: the visible part only),
+``test_feed_forward`` (transformer_block: structure, values, gradients;
+capstone: the visible values) and ``test_kv_cache`` (kv_cache: the full cache
+checks and the gradients; capstone: the visible part) re-check what the main
+notebook's cell grades. In the recap notebooks this is stricter than the
+kernel's 1-point test for the few variants that only the main cell's hidden or
+gradient checks reject: those are listed as ``differences``.
+"""
+from __future__ import annotations
+
+import functools
+
+import nbformat
+import pytest
+from course import SOLUTIONS
+from probetable import agreement_test
+
+import test_checks_block as Bk
+import test_checks_kv_cache as C
+import test_checks_multihead as M
+from firstprinciples import reference
+from firstprinciples.grading import trusted, wire
+from firstprinciples.grading.runtime import report
+
+MHA_NB = "multi_head_attention/multi_head_attention.ipynb"
+BLOCK_NB = "transformer_block/transformer_block.ipynb"
+KV_NB = "kv_cache/kv_cache.ipynb"
+CAPSTONE_NB = "capstone/capstone.ipynb"
+
+RECAP = "the recap cell shares its grade_id with the main notebook's cell, whose hidden checks reject this variant"
+
+
+def recap_differences(variants, cell, main_fails, recap_fails):
+    """The variants that the main cell's checks reject but the recap cell's do not: the trusted
+    re-check (keyed by grade_id) fails the recap cell for them too."""
+    return {name: ({cell}, RECAP) for name, (_, fails) in variants.items()
+            if fails & main_fails and not fails & recap_fails}
+
+
+# ====================================================================== split_heads, merge_heads
+SPLIT_CORRECT = {"unflatten and permute": M.good_split, "reference": reference.split_heads.__wrapped__}
+MERGE_CORRECT = {"permute and flatten": M.good_merge, "cat of heads": M.merge_cat_of_heads,
+                 "reference": reference.merge_heads.__wrapped__}
+
+test_split_heads_agrees = agreement_test(
+    MHA_NB, "split_heads", {"test_split_heads": {"split", "split_visible"}}, SPLIT_CORRECT, M.SPLIT_VARIANTS, {})
+test_merge_heads_agrees = agreement_test(
+    MHA_NB, "merge_heads", {"test_merge_heads": {"merge", "merge_visible"}}, MERGE_CORRECT, M.MERGE_VARIANTS, {})
+test_split_heads_recap_agrees = agreement_test(
+    BLOCK_NB, "split_heads", {"test_split_heads": {"split_visible"}}, SPLIT_CORRECT, M.SPLIT_VARIANTS, {},
+    recap_differences(M.SPLIT_VARIANTS, "test_split_heads", {"split"}, {"split_visible"}))
+test_merge_heads_recap_agrees = agreement_test(
+    CAPSTONE_NB, "merge_heads", {"test_merge_heads": {"merge_visible"}}, MERGE_CORRECT, M.MERGE_VARIANTS, {},
+    recap_differences(M.MERGE_VARIANTS, "test_merge_heads", {"merge"}, {"merge_visible"}))
+
+# ====================================================================== MultiHeadAttention
+MHA_CELLS = {
+    "test_mha_structure": {"structure"},
+    "test_mha_against_reference": {"reference", "reference_visible"},
+    "test_mha_masks": {"causal", "masks"},
+    "test_mha_gradients_and_inputs": {"grads", "grads_visible"},
+}
+test_mha_agrees = agreement_test(MHA_NB, "MultiHeadAttention", MHA_CELLS, {"independent": M.GoodMHA},
+                                 M.MHA_VARIANTS, {})
+test_mha_recap_agrees = agreement_test(
+    BLOCK_NB, "MultiHeadAttention", {"test_multi_head_attention": {"reference_visible"}}, {"independent": M.GoodMHA},
+    M.MHA_VARIANTS, {})
+
+# ====================================================================== FeedForward, TransformerBlock
+FFN_ALL = {"ffn_structure", "ffn_values", "ffn_values_visible", "ffn_grads"}
+FFN_CORRECT = {"independent": Bk.GoodFFN, "nn.Sequential": Bk.FFNSequential}
+test_ffn_agrees = agreement_test(BLOCK_NB, "FeedForward", {"test_feed_forward": FFN_ALL}, FFN_CORRECT,
+                                 Bk.FFN_VARIANTS, {})
+test_ffn_recap_agrees = agreement_test(
+    CAPSTONE_NB, "FeedForward", {"test_feed_forward": {"ffn_values_visible"}}, FFN_CORRECT, Bk.FFN_VARIANTS, {},
+    recap_differences(Bk.FFN_VARIANTS, "test_feed_forward", FFN_ALL, {"ffn_values_visible"}))
+
+BLOCK_CELLS = {
+    "test_block_structure": {"structure"},
+    "test_block_against_reference": {"reference", "reference_visible"},
+    "test_block_causal": {"causal"},
+    "test_block_dropout": {"dropout"},
+    "test_block_gradients_and_inputs": {"grads", "grads_visible"},
+}
+BLOCK_CORRECT = {"independent": Bk.GoodBlock, "nn.Dropout submodule": Bk.SeedStyleDropoutModule}
+test_block_agrees = agreement_test(BLOCK_NB, "TransformerBlock", BLOCK_CELLS, BLOCK_CORRECT, Bk.BLOCK_VARIANTS, {})
+test_block_recap_agrees = agreement_test(
+    CAPSTONE_NB, "TransformerBlock", {"test_transformer_block": {"reference_visible"}}, BLOCK_CORRECT,
+    Bk.BLOCK_VARIANTS, {})
+
+
+# ====================================================================== KVCache, cached_attention_step, generate
+def _piece(piece):
+    return {name: entry for (p, name), entry in C.VARIANTS.items() if p == piece}
+
+
+CACHE_VARIANTS, STEP_VARIANTS, GENERATE_VARIANTS = (_piece(p) for p in C.PIECES)
+test_kv_cache_agrees = agreement_test(KV_NB, "KVCache", {"test_kv_cache": {"cache", "cache_grads"}},
+                                      C.CORRECT["KVCache"], CACHE_VARIANTS, {})
+test_cached_attention_step_agrees = agreement_test(
+    KV_NB, "cached_attention_step",
+    {"test_one_token_at_a_time": {"one_token"}, "test_prompt_then_tokens": {"prompt"},
+     "test_step_gradients": {"step_grads"}},
+    C.CORRECT["cached_attention_step"], STEP_VARIANTS, {})
+test_generate_agrees = agreement_test(KV_NB, "generate", {"test_generate": {"generate"}}, C.CORRECT["generate"],
+                                      GENERATE_VARIANTS, {})
+test_capstone_step_agrees = agreement_test(
+    CAPSTONE_NB, "cached_attention_step", {"test_cached_attention_step": {"one_token"}},
+    C.CORRECT["cached_attention_step"], STEP_VARIANTS, {})
+test_capstone_kv_cache_agrees = agreement_test(
+    CAPSTONE_NB, "KVCache", {"test_kv_cache": {"cache"}}, C.CORRECT["KVCache"], CACHE_VARIANTS, {},
+    recap_differences(CACHE_VARIANTS, "test_kv_cache", {"cache", "cache_grads"}, {"cache"}))
+
+
+# ====================================================================== the capstone's cells that use a piece as a part
+@functools.lru_cache(maxsize=None)
+def _check(notebook, name, seed):
+    """The trusted re-check of ``name`` in ``notebook`` (it keeps the reference's results once computed)."""
+    plan = trusted.make_plan(nbformat.read(SOLUTIONS / notebook, as_version=4), seed)
+    return next(c for c in plan.checks if c.name == name)
+
+
+def _reason(notebook, name, answer, grade_id, seed=0):
+    """The trusted reason (or None) for ``grade_id`` from ``name``'s probe alone, for ``answer``
+    (the notebook's other objects, which those cells also name, are left out)."""
+    check = _check(notebook, name, seed)
+    found = trusted.outcome(check, wire.loads(wire.dumps(report({name: answer}, name, check.cases))))
+    return found.reason(check, check.probe.cells[grade_id])
+
+
+TYPE_ONLY = ("test_model_structure", "test_trained", "test_resolves_it")
+
+
+@pytest.mark.parametrize("name", sorted(Bk.BLOCK_VARIANTS))
+def test_block_as_a_type_is_not_rechecked(name):
+    """test_model_structure, test_trained and test_resolves_it pass TransformerBlock along as a
+    type: its probe never fails them (the model's probe re-checks what they grade)."""
+    answer = Bk.BLOCK_VARIANTS[name][0]
+    for grade_id in TYPE_ONLY:
+        assert _reason(CAPSTONE_NB, "TransformerBlock", answer, grade_id) is None, (name, grade_id)
+    assert _reason(CAPSTONE_NB, "TransformerBlock", answer, "test_transformer_block") is not None or (
+        "reference_visible" not in Bk.BLOCK_VARIANTS[name][1])
+
+
+# A cache that cached generation can use: what append returns is right (len, gradients and
+# the inputs left untouched are not what test_generate_cached / test_generate_trained grade).
+CACHE_USABLE = {"detached", "len counts appends", "modifies its inputs", "len of an empty cache fails"}
+
+
+@pytest.mark.parametrize("name", sorted(CACHE_VARIANTS) + sorted(f"correct:{n}" for n in C.CORRECT["KVCache"]))
+def test_cache_as_a_part_of_cached_generation(name):
+    answer = C.CORRECT["KVCache"][name[8:]] if name.startswith("correct:") else CACHE_VARIANTS[name][0]
+    usable = name.startswith("correct:") or name in CACHE_USABLE
+    for grade_id in ("test_generate_cached", "test_generate_trained"):
+        reason = _reason(CAPSTONE_NB, "KVCache", answer, grade_id)
+        assert (reason is None) == usable, (name, grade_id, reason)
