@@ -8,7 +8,7 @@ grant (too strict) or let a forged in-kernel pass through (too lax).
 
 The probes run in this process (``trusted.local_verdicts``) on the same
 answers as the table-driven check tests (tests/test_checks_*.py), with a few
-seeds for the probes' secret inputs.
+seeds for the probes' secret inputs (``agreement_params``).
 """
 from __future__ import annotations
 
@@ -35,6 +35,17 @@ def expected_failures(cells: dict, failed_checks: set) -> set:
     return {gid for gid, checks in cells.items() if checks & failed_checks}
 
 
+def agreement_params(correct: dict, variants: dict) -> list:
+    """(answer, the checks it fails, name, seed): every correct answer with every seed (a
+    seed that fails a right answer would cost a student points), and each wrong answer
+    with one seed, in turn (every seed is used, and the suite stays fast)."""
+    params = [pytest.param(answer, set(), name, seed, id=f"correct:{name}-{seed}")
+              for name, answer in correct.items() for seed in SEEDS]
+    params += [pytest.param(answer, fails, name, SEEDS[i % len(SEEDS)], id=f"variant:{name}-{SEEDS[i % len(SEEDS)]}")
+               for i, (name, (answer, fails)) in enumerate(variants.items())]
+    return params
+
+
 def agreement_test(notebook: str, piece: str, cells: dict, correct: dict, variants: dict, base: dict,
                    differences: dict | None = None):
     """A pytest test over every correct answer and variant of ``piece`` and every seed.
@@ -46,11 +57,8 @@ def agreement_test(notebook: str, piece: str, cells: dict, correct: dict, varian
     few documented cases where it is deliberately different.
     """
     differences = differences or {}
-    params = [pytest.param(answer, set(), name, id=f"correct:{name}") for name, answer in correct.items()]
-    params += [pytest.param(answer, fails, name, id=f"variant:{name}") for name, (answer, fails) in variants.items()]
 
-    @pytest.mark.parametrize("seed", SEEDS)
-    @pytest.mark.parametrize("answer, fails, name", params)
+    @pytest.mark.parametrize("answer, fails, name, seed", agreement_params(correct, variants))
     def test(answer, fails, name, seed):
         namespace = {**base, piece: answer}
         got = trusted_failures(notebook, namespace, seed, cells)

@@ -13,7 +13,7 @@ import nbformat
 import numpy as np
 import pytest
 import torch
-from probetable import SEEDS, expected_failures, trusted_failures
+from probetable import agreement_params, expected_failures, trusted_failures
 
 import test_checks_capstone as T
 from course import SOLUTIONS
@@ -60,11 +60,7 @@ def namespace(bundle) -> dict:
 
 
 def agreement(cells, correct, variants, differences):
-    params = [pytest.param(a, set(), n, id=f"correct:{n}") for n, a in correct.items()]
-    params += [pytest.param(a, fails, n, id=f"variant:{n}") for n, (a, fails) in variants.items()]
-
-    @pytest.mark.parametrize("seed", SEEDS)
-    @pytest.mark.parametrize("bundle, fails, name", params)
+    @pytest.mark.parametrize("bundle, fails, name, seed", agreement_params(correct, variants))
     def test(bundle, fails, name, seed):
         got = trusted_failures(NOTEBOOK, namespace(bundle), seed, cells)
         want = differences[name][0] if name in differences else expected_failures(cells, fails)
