@@ -10,7 +10,13 @@ Grading is hardened here, with nbgrader's own commands:
   processes, file size and CPU time), talking to the grader over Unix sockets;
 - ``RobustExecute`` replaces nbgrader's ``Execute``: a cell that hangs or kills
   its kernel scores 0 with the reason in the feedback, and grading goes on
-  from the next cell in a fresh kernel; a cell's output is capped.
+  from the next cell in a fresh kernel; a cell's output is capped;
+- ``nbgrader autograde`` grades in parallel (``c.Autograde.workers``, default
+  ``$FP_GRADING_WORKERS`` or the number of cores), and a run killed at any point
+  can simply be run again (``firstprinciples.grading.parallel``);
+- the gradebook is ``gradebook.db`` (SQLite) in the course folder, or the
+  database that ``$FP_GRADEBOOK_URL`` names (e.g. PostgreSQL, shared by several
+  grading machines: ``postgresql://user:password@host/dbname``).
 """
 import os
 import shutil
@@ -21,8 +27,12 @@ from nbconvert.preprocessors import ClearMetadataPreprocessor
 from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearOutput, DeduplicateIds, IgnorePattern,
                                     LimitOutput, OverwriteCells, OverwriteKernelspec, SaveAutoGrades)
 
+import nbgrader.apps.autogradeapp
+from nbgrader.coursedir import CourseDirectory
+
 import firstprinciples.grading
 from firstprinciples.grading.execute import RobustExecute
+from firstprinciples.grading.parallel import MARKER, GraderBoundKernelManager, ParallelAutograde
 from firstprinciples.grading.sanitize import CsvExportWithNotes, MatchNotebooks, RestoreCells, TolerantNotebookExporter
 
 c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
@@ -30,6 +40,25 @@ c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
 c.CourseDirectory.course_id = "transformers-from-first-principles"
 c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "exercises"
+
+# The gradebook: gradebook.db (SQLite) in the course folder unless FP_GRADEBOOK_URL
+# names another database (e.g. postgresql://grader:secret@dbhost/course, for several
+# grading machines; needs psycopg2, see requirements.txt).
+if os.environ.get("FP_GRADEBOOK_URL"):
+    c.CourseDirectory.db_url = os.environ["FP_GRADEBOOK_URL"]
+
+# Parallel, restartable autograding. nbgrader 0.9.6's AutogradeApp.start builds its
+# converter as `Autograde(coursedir=..., parent=self)` from the module global
+# nbgrader.apps.autogradeapp.Autograde; the class is not a configurable trait, so the
+# subclass is put in that name here. Every c.Autograde.* setting applies to it, and
+# the instructor still types `nbgrader autograde <assignment>`.
+nbgrader.apps.autogradeapp.Autograde = ParallelAutograde
+# c.Autograde.workers = 2  # grading processes; default: $FP_GRADING_WORKERS, else the number of cores
+# A kernel dies with the grading process that started it (even on kill -9), so a
+# killed run leaves no kernel waiting forever.
+c.Execute.kernel_manager_class = GraderBoundKernelManager
+# The marker of a submission still being graded is not copied into feedback.
+c.CourseDirectory.ignore = [*CourseDirectory.class_traits()["ignore"].default(), MARKER]
 
 # What a student sees in place of a solution.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}

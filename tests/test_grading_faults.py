@@ -110,7 +110,7 @@ def _sandbox_processes(folder):
     scratch folder; other tests may be grading at the same time). Zombies
     (state Z: dead, waiting for this machine's init to collect them) hold
     nothing and are not counted."""
-    out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
     return sorted(
         line for line in out.splitlines()[1:]
         if str(folder) in line and not line.split()[1].startswith("Z")

@@ -43,7 +43,7 @@ CPU_SECONDS = int(os.environ.get("FP_SANDBOX_CPU_SECONDS", 600))
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SYSTEM_DIRS = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys"]
-KEEP_ENV = ("PATH", "LANG", "LC_ALL", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS", "TZ")
+KEEP_ENV = ("PATH", "LANG", "LC_ALL", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TZ")
 
 
 def package_dir() -> Path:

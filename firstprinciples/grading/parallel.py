@@ -1,0 +1,352 @@
+"""Parallel, restartable ``nbgrader autograde``.
+
+nbgrader 0.9.6 grades the submissions of an assignment one after the other in
+one process, and its converter class is not configurable: ``AutogradeApp.start``
+builds ``nbgrader.apps.autogradeapp.Autograde``. ``nbgrader_config.py`` puts
+``ParallelAutograde`` (a subclass, so every ``c.Autograde.*`` setting still
+applies) in that name. The instructor keeps typing ``nbgrader autograde ps1``.
+
+Parallel
+    With ``workers`` > 1 (``c.Autograde.workers``; default: the environment
+    variable ``FP_GRADING_WORKERS``, else the number of cores) and more than one
+    submission to grade, the command splits the submissions (sorted, dealt
+    round-robin) into that many shards and starts one worker per shard: the
+    same command line again (``python -m nbgrader autograde ps1 --force ...``,
+    same folder), told its shard by ``FP_GRADING_SHARD=i/N`` and the list of its
+    submissions on its standard input. A worker runs nbgrader's own serial loop
+    on its shard. Each worker's log is streamed to this command's stderr,
+    prefixed ``[grader i/N]``; when a worker fails, the command fails (exit code
+    1) naming the students concerned. Each worker gets ``OMP_NUM_THREADS`` /
+    ``MKL_NUM_THREADS`` = cores // workers (at least 1) so that the workers'
+    kernels do not fight over the cores (the sandbox passes
+    ``OMP_NUM_THREADS`` on to the kernel). Called through nbgrader's Python API
+    (formgrader) instead of the command line, grading stays serial.
+
+Restartable
+    Stock nbgrader skips a submission whose ``autograded/`` folder exists, so a
+    run killed in the middle of a student leaves a half-graded student that a
+    plain rerun skips. Here a marker file (``MARKER``) is written into that
+    folder before anything else of the submission is graded and removed once
+    all its notebooks are written (``set_permissions``, which nbgrader calls
+    then). A folder that still has the marker is graded again by the next run,
+    ``--force`` or not. An existing folder that has to be replaced (``--force``,
+    a newer submission, a marker) is first renamed away atomically and then
+    deleted, so a kill during the deletion cannot leave a partial folder that
+    looks finished. The marker is in ``CourseDirectory.ignore``
+    (``nbgrader_config.py``), so ``generate_feedback`` does not copy it.
+    Stopping a parallel run (Ctrl-C, ``kill``, a hang-up) kills its workers at
+    once; what they were grading keeps its marker.
+
+Gradebook
+    Grades are written by several processes at once. For SQLite (the default
+    ``gradebook.db``) every connection waits for a lock up to
+    ``SQLITE_BUSY_TIMEOUT_MS`` instead of failing with "database is locked"
+    (``_sqlite_busy_timeout``). Several grading machines can share a PostgreSQL
+    gradebook: ``nbgrader_config.py`` sets ``CourseDirectory.db_url`` from
+    ``FP_GRADEBOOK_URL``.
+
+Kernels
+    A sandboxed kernel does not notice that its grader died (``kill -9``, the
+    OOM killer, a closed terminal): it would wait forever for the next
+    cell. ``GraderBoundKernelManager`` (``c.Execute.kernel_manager_class``)
+    starts every kernel so that the kernel's launcher gets SIGKILL when the
+    grading process that started it dies (``PR_SET_PDEATHSIG``); the sandbox
+    takes everything inside it down with its launcher.
+
+Grades an instructor entered by hand (``manual_score``) are never touched:
+nbgrader's ``SaveAutoGrades`` only writes ``auto_score``.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+from jupyter_client.manager import AsyncKernelManager
+from nbgrader.converters import Autograde
+from nbgrader.converters.base import NbGraderException
+from nbgrader.utils import remove, rmtree
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from traitlets import Integer, default
+
+MARKER = ".fp-grading-incomplete"
+SHARD_ENV = "FP_GRADING_SHARD"
+WORKERS_ENV = "FP_GRADING_WORKERS"
+SQLITE_BUSY_TIMEOUT_MS = 120_000
+_DISCARDED = ".fp-discarded-"  # prefix of a folder renamed away before its deletion
+_ERROR_LINE = re.compile(r"There was an error processing assignment '(.*)' for student '(.*)'")
+
+
+# --------------------------------------------------------------- gradebook
+@event.listens_for(Engine, "connect")
+def _sqlite_busy_timeout(dbapi_connection, _record):
+    """Several graders write the same gradebook.db: wait for the lock, do not fail.
+
+    (The rollback journal is kept: nbgrader's transactions are short, and WAL
+    would add -wal/-shm files beside gradebook.db, so that copying the file
+    while grading no longer gives a complete backup.)
+    """
+    if isinstance(dbapi_connection, sqlite3.Connection):
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.close()
+
+
+# ---------------------------------------------------------------- kernels
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int):
+    """A ``preexec_fn``: the child gets SIGKILL when ``parent`` (this process) dies."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the grader died before prctl took effect
+            os._exit(1)
+    return preexec
+
+
+class GraderBoundKernelManager(AsyncKernelManager):
+    """``AsyncKernelManager`` whose kernels die with the process that started them."""
+
+    async def _async_launch_kernel(self, kernel_cmd, **kw):
+        # PR_SET_PDEATHSIG fires when the launching *thread* ends: only bind kernels started by
+        # the main thread (nbgrader's command line), never by some short-lived thread.
+        if (sys.platform.startswith("linux") and "preexec_fn" not in kw
+                and threading.current_thread() is threading.main_thread()):
+            kw["preexec_fn"] = _die_with(os.getpid())
+        return await super()._async_launch_kernel(kernel_cmd, **kw)
+
+
+# ---------------------------------------------------------------- helpers
+def shard_of(index: int, workers: int) -> int:
+    """Submissions, sorted, are dealt round-robin: the i-th goes to shard i mod N."""
+    return index % workers
+
+
+def threads_per_worker(workers: int, cores: int | None = None) -> int:
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // max(1, workers))
+
+
+def looks_like_cli(argv: list[str]) -> bool:
+    """Was this process started as ``nbgrader autograde ...`` (script or ``-m nbgrader``)?"""
+    if len(argv) < 2 or argv[1] != "autograde":
+        return False
+    name = os.path.basename(argv[0])
+    return name in ("nbgrader", "nbgrader.exe", "jupyter-nbgrader") or (
+        name == "__main__.py" and os.path.basename(os.path.dirname(argv[0])) == "nbgrader")
+
+
+def _discard(path: str) -> None:
+    """Delete a folder so that no kill can leave part of it in place: rename, then delete."""
+    parent, name = os.path.split(path)
+    doomed = os.path.join(parent, f"{_DISCARDED}{name}-{uuid.uuid4().hex[:8]}")
+    os.rename(path, doomed)
+    rmtree(doomed)
+
+
+def _sweep_discarded(dest: str) -> None:
+    """Remove what a killed run left of a folder it was deleting."""
+    parent, name = os.path.split(dest)
+    for leftover in glob.glob(os.path.join(glob.escape(parent), f"{_DISCARDED}{glob.escape(name)}-*")):
+        rmtree(leftover)
+
+
+# ---------------------------------------------------------------- converter
+class ParallelAutograde(Autograde):
+    """nbgrader's ``Autograde``, graded by several processes and safe to kill and rerun."""
+
+    workers = Integer(
+        help="Grading processes (each grades a share of the submissions, one notebook at a time). "
+             f"Default: ${WORKERS_ENV}, else the number of cores. 1: grade serially as stock nbgrader does."
+    ).tag(config=True)
+
+    @default("workers")
+    def _workers_default(self) -> int:
+        value = os.environ.get(WORKERS_ENV, "").strip()
+        if not value:
+            return os.cpu_count() or 1
+        try:
+            return max(1, int(value))
+        except ValueError:
+            raise ValueError(f"{WORKERS_ENV} must be a whole number of grading processes, not {value!r}") from None
+
+    # ---------------------------------------------------------- the batch
+    def convert_notebooks(self) -> None:
+        shard = os.environ.get(SHARD_ENV)
+        if shard:  # this process is one worker of a parallel run
+            self._keep_shard(shard)
+            return super().convert_notebooks()
+        workers = min(self.workers, len(self.assignments))
+        if workers <= 1 or not looks_like_cli(sys.argv):
+            return super().convert_notebooks()
+        self._run_workers(workers)
+
+    def _keep_shard(self, shard: str) -> None:
+        """Keep the submissions that the parent handed this worker (one path per line on stdin)."""
+        wanted = {os.path.normpath(line) for line in sys.stdin.read().splitlines() if line.strip()}
+        self.assignments = {k: v for k, v in self.assignments.items() if os.path.normpath(k) in wanted}
+        self.log.info("Grader %s: %d submission(s)", shard, len(self.assignments))
+
+    def _run_workers(self, workers: int) -> None:
+        submissions = sorted(self.assignments)
+        shards = [[s for i, s in enumerate(submissions) if shard_of(i, workers) == w] for w in range(workers)]
+        threads = str(threads_per_worker(workers))
+        self.log.info("Grading %d submissions with %d workers (%s thread(s) each)",
+                      len(submissions), workers, threads)
+        cmd = [sys.executable, "-m", "nbgrader", *sys.argv[1:]]
+        procs, pumps, errors = [], [], {}
+        previous = {}
+        try:
+            # A plain `kill` (SIGTERM) or a hang-up of this process stops the workers too.
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                previous[sig] = signal.signal(sig, self._stop_workers(procs))
+            for w, shard in enumerate(shards):
+                env = {**os.environ, SHARD_ENV: f"{w + 1}/{workers}",
+                       "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+                proc = subprocess.Popen(cmd, cwd=os.getcwd(), env=env, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, errors="replace", bufsize=1)
+                procs.append(proc)
+                proc.stdin.write("".join(s + "\n" for s in shard))
+                proc.stdin.close()
+                errors[w] = []
+                pump = threading.Thread(target=self._pump, args=(proc, f"[grader {w + 1}/{workers}] ", errors[w]),
+                                        daemon=True)
+                pump.start()
+                pumps.append(pump)
+            codes = [p.wait() for p in procs]
+        except BaseException as exc:  # Ctrl-C, a signal (see _stop_workers), a worker that could not start
+            if isinstance(exc, KeyboardInterrupt):
+                self.log.error("Interrupted: stopping the graders")
+            self._terminate(procs)
+            raise
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            for pump in pumps:
+                pump.join(timeout=10)
+
+        failed = [w for w, code in enumerate(codes) if code != 0]
+        if not failed:
+            return
+        students = []
+        for w in failed:
+            named = [f"{student} ({assignment})" for assignment, student in errors[w]]
+            if not named:  # the worker died before it could say: name what it did not finish
+                named = [f"{os.path.basename(os.path.dirname(s))} ({os.path.basename(s)})"
+                         for s in shards[w] if not self._finished(s)]
+            students += named or [f"grader {w + 1} (exit code {codes[w]})"]
+        msg = "Grading failed for: " + ", ".join(students)
+        self.log.error(msg)
+        raise NbGraderException(msg)
+
+    @staticmethod
+    def _pump(proc, prefix: str, errors: list) -> None:
+        for line in proc.stdout:
+            m = _ERROR_LINE.search(line)
+            if m:
+                errors.append(m.groups())
+            sys.stderr.write(prefix + line)
+            sys.stderr.flush()
+
+    def _stop_workers(self, procs):
+        def handler(signum, _frame):
+            # No waiting here: the handler may run inside Popen.wait, which holds a lock.
+            self.log.error("Stopped (signal %d): stopping the graders", signum)
+            self._kill(procs)
+            raise SystemExit(128 + signum)
+        return handler
+
+    @staticmethod
+    def _kill(procs) -> None:
+        """Stop the workers at once. Nothing is lost: their kernels die with them, and the
+        submissions they were grading keep the marker, so the next run grades them again.
+        (A gentler signal would not stop them: nbclient takes SIGINT and SIGTERM during a
+        notebook for that notebook's failure, and nbgrader goes on with the next student.)"""
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+    @classmethod
+    def _terminate(cls, procs) -> None:
+        cls._kill(procs)
+        for p in procs:
+            p.wait()
+
+    def _finished(self, submission: str) -> bool:
+        m = re.match(self._format_source("(?P<assignment_id>.*)", "(?P<student_id>.*)", escape=True), submission)
+        if m is None:
+            return False
+        dest = self._format_dest(m["assignment_id"], m["student_id"])
+        return os.path.isdir(dest) and not os.path.exists(os.path.join(dest, MARKER))
+
+    # ------------------------------------------------- one submission, restartable
+    def init_destination(self, assignment_id: str, student_id: str) -> bool:
+        if self.coursedir.student_id_exclude and student_id in self.coursedir.student_id_exclude.split(","):
+            return False
+        dest = os.path.normpath(self._format_dest(assignment_id, student_id))
+        _sweep_discarded(dest)
+        marker = os.path.join(dest, MARKER)
+        if self.coursedir.notebook_id != "*":  # --notebook: nbgrader replaces single files
+            if os.path.exists(marker):
+                self.log.warning("Grading again (an earlier run stopped in the middle of it): %s", dest)
+                for notebook in self.notebooks:
+                    name = os.path.splitext(os.path.basename(notebook))[0] + self.exporter.file_extension
+                    if os.path.exists(os.path.join(dest, name)):
+                        remove(os.path.join(dest, name))
+                return True
+            return super().init_destination(assignment_id, student_id)
+
+        if not os.path.exists(dest):
+            return True
+        if os.path.exists(marker):
+            reason = "an earlier run stopped in the middle of it"
+        elif self.force:
+            reason = "--force"
+        else:
+            new = self.coursedir.get_existing_timestamp(self._format_source(assignment_id, student_id))
+            old = self.coursedir.get_existing_timestamp(dest)
+            reason = "newer submission" if new is not None and old is not None and new > old else None
+        if reason is None:
+            self.log.info("Skipping existing assignment: %s", dest)
+            return False
+        self.log.warning("Removing existing assignment (%s): %s", reason, dest)
+        _discard(dest)
+        return True
+
+    def init_assignment(self, assignment_id: str, student_id: str) -> None:
+        dest = self._format_dest(assignment_id, student_id)
+        os.makedirs(dest, exist_ok=True)
+        marker = os.path.join(dest, MARKER)
+        # A marker left by an earlier run stays when this one (--notebook) grades only some of
+        # the submission's notebooks: the others may be the half-graded ones.
+        submitted = {os.path.basename(p) for p in glob.glob(os.path.join(
+            glob.escape(self._format_source(assignment_id, student_id)), "*.ipynb"))}
+        self._marker_kept = os.path.exists(marker) and not submitted <= {os.path.basename(n) for n in self.notebooks}
+        if not os.path.exists(marker):
+            with open(marker, "w") as f:
+                f.write(f"being graded by {socket.gethostname()} pid {os.getpid()} since "
+                        f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        super().init_assignment(assignment_id, student_id)
+
+    def set_permissions(self, assignment_id: str, student_id: str) -> None:
+        super().set_permissions(assignment_id, student_id)
+        # nbgrader calls this once every notebook of the submission is written.
+        if not getattr(self, "_marker_kept", False):
+            marker = os.path.join(self._format_dest(assignment_id, student_id), MARKER)
+            if os.path.exists(marker):
+                os.remove(marker)

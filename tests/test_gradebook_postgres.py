@@ -1,0 +1,173 @@
+"""A PostgreSQL gradebook, shared by two grading machines grading at once.
+
+The fixture starts a real PostgreSQL server (Debian's ``postgresql`` package:
+initdb / pg_ctl) in a temporary folder, reachable only over a Unix socket in
+that folder, and stops it afterwards, also when a test fails. Two course
+folders stand for two grading machines: each has its own students, runs the
+plain `nbgrader` commands with ``FP_GRADEBOOK_URL`` pointing at the server
+(``nbgrader_config.py`` turns that into ``CourseDirectory.db_url``), and both
+grade at the same time, each with two workers. The export (from either machine)
+must hold every student of both, once, with the right grade, and no SQLite
+gradebook may appear.
+
+Without the PostgreSQL binaries or psycopg2 the tests are skipped, except under
+CI (``CI`` set), where that is a failure (.ci/run installs ``postgresql``).
+"""
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from nbgrader.api import Gradebook
+
+from course import make_course, nbgrader, scratch
+from test_grading_parallel import (ASSIGNMENT, COURSE_ID, GRADES, answers_of, read_export,
+                                   submit, unfinished)
+
+MACHINES = {
+    "machine_a": {"a_correct": "correct", "a_naive": "naive", "a_untouched": "untouched"},
+    "machine_b": {"b_correct": "correct", "b_detached": "detached", "b_last_dim": "last_dim_only"},
+}
+PORT = 5432  # only names the socket file, in a private folder: no TCP port is opened
+
+
+def _missing(reason: str):
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI must run the PostgreSQL tests: .ci/run installs postgresql)")
+    pytest.skip(reason)
+
+
+def _postgres_bin() -> Path | None:
+    for candidate in [shutil.which("pg_ctl"), *sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
+                                                      key=lambda p: int(p.split("/")[4]), reverse=True)]:
+        if candidate and os.path.exists(os.path.join(os.path.dirname(os.path.realpath(candidate)), "initdb")):
+            return Path(os.path.realpath(candidate)).parent
+    return None
+
+
+def _as_server_user() -> tuple[list[str], str]:
+    """PostgreSQL refuses to run as root: as root, run it as the `postgres` (else `nobody`) user."""
+    if os.geteuid() != 0:
+        return [], pwd.getpwuid(os.geteuid()).pw_name
+    for user in ("postgres", "nobody"):
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            continue
+        if shutil.which("runuser"):
+            return ["runuser", "-u", user, "--"], user
+        return ["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--init-groups"], user
+    _missing("running as root and no unprivileged user to run PostgreSQL as")
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A PostgreSQL server for this module: yields its SQLAlchemy URL."""
+    bin_dir = _postgres_bin()
+    if bin_dir is None:
+        _missing("PostgreSQL server binaries (initdb, pg_ctl) not found: apt-get install postgresql")
+    try:
+        import psycopg2
+    except ImportError:
+        _missing("psycopg2 is not installed (pip install -r requirements.txt)")
+    prefix, user = _as_server_user()
+    # Not under pytest's tmp folder: that one is private to root, the server user could not enter it.
+    home = Path(tempfile.mkdtemp(prefix="fp-postgres-"))
+    data, sockets = home / "data", home / "sockets"
+    sockets.mkdir()
+    if prefix:
+        uid, gid = pwd.getpwnam(user).pw_uid, pwd.getpwnam(user).pw_gid
+        for path in (home, sockets):
+            os.chown(path, uid, gid)
+
+    def run(*cmd):
+        proc = subprocess.run([*prefix, *cmd], check=False, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, f"{' '.join(cmd)}:\n{proc.stdout}\n{proc.stderr}"
+
+    started = False
+    try:
+        run(str(bin_dir / "initdb"), "-D", str(data), "-U", "grader", "-A", "trust", "--no-sync")
+        run(str(bin_dir / "pg_ctl"), "start", "-w", "-t", "60", "-D", str(data), "-l", str(home / "server.log"),
+            "-o", f"-c listen_addresses='' -c unix_socket_directories='{sockets}' -p {PORT} -c fsync=off")
+        started = True
+        conn = psycopg2.connect(host=str(sockets), port=PORT, user="grader", dbname="postgres")
+        conn.autocommit = True
+        conn.cursor().execute("CREATE DATABASE gradebook")
+        conn.close()
+        yield f"postgresql+psycopg2://grader@/gradebook?host={sockets}&port={PORT}"
+    finally:
+        if started:
+            stop = subprocess.run([*prefix, str(bin_dir / "pg_ctl"), "stop", "-D", str(data), "-m", "fast",
+                                   "-w", "-t", "60"], check=False, capture_output=True, text=True)
+            if stop.returncode != 0:  # still there: the postmaster's pid is on the first line of its pid file
+                try:
+                    pid = int((data / "postmaster.pid").read_text().split()[0])
+                    os.kill(pid, signal.SIGKILL)
+                    time.sleep(1)
+                except (OSError, ValueError, IndexError):
+                    pass
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def two_machines(postgres, tmp_path_factory):
+    env = {"FP_GRADEBOOK_URL": postgres, "FP_GRADING_WORKERS": "2"}
+    courses = {}
+    for machine, students in MACHINES.items():
+        course = make_course(tmp_path_factory.mktemp(machine))
+        nbgrader(course, "generate_assignment", ASSIGNMENT, "--force", env=env)
+        for student, kind in students.items():
+            submit(course, student, answers_of(kind))
+        courses[machine] = course
+    # Both machines grade at the same time, into the same gradebook.
+    procs = {m: _popen_nbgrader(c, env) for m, c in courses.items()}
+    results = {m: p.communicate(timeout=1800) for m, p in procs.items()}
+    codes = {m: p.returncode for m, p in procs.items()}
+    rows = {m: read_export(c, env=env) for m, c in courses.items()}
+    return postgres, courses, codes, results, rows
+
+
+def _popen_nbgrader(course, env):
+    scratch(course).mkdir(exist_ok=True)
+    full = {k: v for k, v in os.environ.items() if not k.startswith("NBGRADER")}
+    full.update(env, TMPDIR=str(scratch(course)))
+    return subprocess.Popen([sys.executable, "-m", "nbgrader", "autograde", ASSIGNMENT], cwd=course, env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _expected():
+    return {s: GRADES[kind] for students in MACHINES.values() for s, kind in students.items()}
+
+
+def test_both_machines_graded_in_parallel(two_machines):
+    _, _, codes, results, _ = two_machines
+    for machine, (_, stderr) in results.items():
+        assert codes[machine] == 0, stderr[-4000:]
+        assert "Grading 3 submissions with 2 workers" in stderr
+
+
+@pytest.mark.parametrize("machine", sorted(MACHINES))
+def test_export_has_every_student_of_both_machines(two_machines, machine):
+    rows = two_machines[4][machine]
+    assert sorted(r["student_id"] for r in rows) == sorted(_expected()), "missing or duplicated students"
+    assert {r["student_id"]: float(r["score"]) for r in rows} == _expected()
+
+
+def test_grades_are_in_postgresql_not_sqlite(two_machines):
+    url, courses, _, _, _ = two_machines
+    for course in courses.values():
+        assert not (course / "gradebook.db").exists()
+        assert unfinished(course) == []
+    with Gradebook(url, COURSE_ID) as gb:
+        assert gb.engine.dialect.name == "postgresql"
+        scores = {s.student.id: s.score for s in gb.find_assignment(ASSIGNMENT).submissions}
+    assert scores == _expected()

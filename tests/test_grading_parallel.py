@@ -1,0 +1,253 @@
+"""`nbgrader autograde` grades in parallel, loses no write, keeps manual grades.
+
+A grading round with the plain nbgrader commands and the repo's config
+(``firstprinciples.grading.parallel``) on the `softmax` assignment (five tests
+of 2 points: 10), with ``FP_GRADING_WORKERS=3`` so that three graders write the
+SQLite gradebook at once (more workers than cores: the most contention).
+
+Students, three of each kind (their grades are fixed by the course's checks):
+
+==================  =====  ================================================
+kind                grade  answer
+==================  =====  ================================================
+correct             10     the solution
+detached            8      the solution on ``x.detach()``: no gradients
+naive               4      ``exp(x) / sum``: overflows on large inputs
+last_dim_only       2      ignores ``dim``
+untouched           0      the release as downloaded
+==================  =====  ================================================
+
+plus ``threads`` (the solution, and prints how many threads torch got) and
+``broken_dest``, whose ``autograded/broken_dest`` is a file, so grading that
+student fails: the command must fail naming that student, and every other
+student must still be graded.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbgrader.api import Gradebook
+
+from course import SOLUTIONS, make_course, nbgrader
+from test_instructor_roundtrip import fill, solution_answers
+
+ASSIGNMENT = NOTEBOOK = "softmax"
+COURSE_ID = "transformers-from-first-principles"
+WORKERS = 3
+
+ANSWERS = {
+    "detached": '''
+def softmax(x, dim=-1):
+    x = x.detach()
+    e = torch.exp(x - x.amax(dim=dim, keepdim=True))
+    return e / e.sum(dim=dim, keepdim=True)
+''',
+    "naive": '''
+def softmax(x, dim=-1):
+    e = torch.exp(x)
+    return e / e.sum(dim=dim, keepdim=True)
+''',
+    "last_dim_only": '''
+def softmax(x, dim=-1):
+    e = torch.exp(x - x.amax(dim=-1, keepdim=True))
+    return e / e.sum(dim=-1, keepdim=True)
+''',
+}
+GRADES = {"correct": 10, "detached": 8, "naive": 4, "last_dim_only": 2, "untouched": 0}
+TEST_CELLS = 5
+
+
+# ------------------------------------------------------------------ helpers
+def answers_of(kind: str) -> dict | None:
+    """The answer cells of a student of this kind (None: the untouched release)."""
+    correct = solution_answers(nbformat.read(SOLUTIONS / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4))
+    if kind == "untouched":
+        return None
+    if kind == "correct":
+        return correct
+    return {**correct, "softmax": ANSWERS[kind]}
+
+
+def submit(course: Path, student: str, answers: dict | None, assignment: str = ASSIGNMENT,
+           notebook: str = NOTEBOOK) -> None:
+    release = nbformat.read(course / "exercises" / assignment / f"{notebook}.ipynb", as_version=4)
+    target = course / "submitted" / student / assignment
+    target.mkdir(parents=True, exist_ok=True)
+    nbformat.write(fill(release, answers or {}), target / f"{notebook}.ipynb")
+
+
+def read_export(course: Path, env: dict | None = None) -> list[dict]:
+    nbgrader(course, "export", env=env)
+    with open(course / "grades.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def class_of(kinds, per_kind: int) -> dict[str, int]:
+    """Student id -> expected grade: ``per_kind`` students of each kind."""
+    return {f"{kind}_{i}": GRADES[kind] for kind in kinds for i in range(per_kind)}
+
+
+def db_url(course: Path) -> str:
+    return f"sqlite:///{course / 'gradebook.db'}"
+
+
+def unfinished(course: Path, assignment: str = ASSIGNMENT) -> list[str]:
+    """Students whose autograded folder still has the marker of a grading in progress."""
+    return sorted(p.parent.parent.name for p in (course / "autograded").glob(f"*/{assignment}/.fp-grading-incomplete"))
+
+
+# ------------------------------------------------------------------ the round
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    course = make_course(tmp_path_factory.mktemp("parallel"))
+    nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
+    expected = class_of(GRADES, 3)
+    for kind in GRADES:
+        for i in range(3):
+            submit(course, f"{kind}_{i}", answers_of(kind))
+    threads = {**answers_of("correct")}
+    threads["softmax"] += "\n\nprint('torch threads:', torch.get_num_threads())\n"
+    submit(course, "threads", threads)
+    expected["threads"] = 10
+    submit(course, "broken_dest", answers_of("correct"))
+    (course / "autograded").mkdir()
+    (course / "autograded" / "broken_dest").write_text("a file where the student's folder should be")
+
+    proc = nbgrader(course, "autograde", ASSIGNMENT, env={"FP_GRADING_WORKERS": str(WORKERS)},
+                        check=False, timeout=1800)
+    rows = read_export(course)
+    return course, expected, proc, rows
+
+
+def test_every_grade_is_written_once(graded):
+    _, expected, _, rows = graded
+    students = [r["student_id"] for r in rows if r["student_id"] != "broken_dest"]
+    assert sorted(students) == sorted(expected), "students missing or duplicated in grades.csv"
+    got = {r["student_id"]: float(r["score"]) for r in rows}
+    wrong = {s: (got[s], g) for s, g in expected.items() if got[s] != g}
+    assert not wrong, f"(got, expected): {wrong}"
+
+
+def test_every_test_cell_has_its_score_in_the_gradebook(graded):
+    course, expected, _, _ = graded
+    with Gradebook(db_url(course), COURSE_ID) as gb:
+        for student in expected:
+            submission = gb.find_submission(ASSIGNMENT, student)
+            grades = submission.notebooks[0].grades
+            assert len(grades) == TEST_CELLS
+            assert all(g.auto_score is not None for g in grades), (student, [g.auto_score for g in grades])
+            assert sum(g.auto_score for g in grades) == expected[student]
+
+
+def test_graded_by_several_workers(graded):
+    _, expected, proc, _ = graded
+    log = proc.stderr
+    assert f"Grading {len(expected) + 1} submissions with {WORKERS} workers" in log, log[-3000:]
+    for w in range(1, WORKERS + 1):
+        assert f"[grader {w}/{WORKERS}] " in log
+    # each submission was graded by exactly one worker, once
+    for student in expected:
+        pattern = rf"^\[grader (\d)/{WORKERS}\] .*Autograding .*autograded/{student}/{ASSIGNMENT}/{NOTEBOOK}\.ipynb$"
+        workers = re.findall(pattern, log, flags=re.MULTILINE)
+        assert len(workers) == 1, (student, workers)
+
+
+def test_a_failed_student_fails_the_command_and_only_that_student(graded):
+    _, expected, proc, rows = graded
+    assert proc.returncode == 1
+    assert "Grading failed for: broken_dest (softmax)" in proc.stderr, proc.stderr[-3000:]
+    assert all(s in {r["student_id"] for r in rows} for s in expected)
+
+
+def test_workers_share_the_cores(graded):
+    course = graded[0]
+    nb = nbformat.read(course / "autograded" / "threads" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
+    text = "".join(str(o.get("text", "")) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    want = max(1, (os.cpu_count() or 1) // WORKERS)
+    assert f"torch threads: {want}\n" in text, text[-500:]
+
+
+def test_nothing_left_in_progress(graded):
+    course = graded[0]
+    assert unfinished(course) == []
+    assert not list((course / "autograded").glob("*/.fp-discarded-*"))
+
+
+# ------------------------------------------------------------------ manual grades
+@pytest.fixture(scope="module")
+def regraded(graded):
+    """An instructor overrides two grades by hand (as formgrader does), then grades again:
+    plainly (the failed student is fixed first), and with --force for the naive students."""
+    course, expected, _, _ = graded
+    with Gradebook(db_url(course), COURSE_ID) as gb:
+        for student, cell, score in (("naive_0", "test_large_inputs", 2), ("correct_1", "test_dims", 0)):
+            grade = gb.find_grade(cell, NOTEBOOK, ASSIGNMENT, student)
+            grade.manual_score = score
+            grade.needs_manual_grade = False
+        gb.db.commit()
+    (course / "autograded" / "broken_dest").unlink()
+    plain = nbgrader(course, "autograde", ASSIGNMENT, env={"FP_GRADING_WORKERS": str(WORKERS)})
+    forced = nbgrader(course, "autograde", ASSIGNMENT, "--force", "--student=naive_*",
+                          env={"FP_GRADING_WORKERS": str(WORKERS)})
+    rows = {r["student_id"]: r for r in read_export(course)}
+    return course, expected, plain, forced, rows
+
+
+def test_plain_rerun_grades_only_what_is_missing(regraded):
+    _, _, plain, _, rows = regraded
+    assert float(rows["broken_dest"]["score"]) == 10
+    graded_now = re.findall(r"Autograding .*autograded/([^/]+)/softmax/", plain.stderr)
+    assert graded_now == ["broken_dest"], graded_now
+
+
+def test_forced_rerun_grades_again_in_parallel(regraded):
+    _, _, _, forced, _ = regraded
+    assert f"Grading 3 submissions with {WORKERS} workers" in forced.stderr
+    assert sorted(re.findall(r"Autograding .*autograded/([^/]+)/softmax/", forced.stderr)) == \
+        ["naive_0", "naive_1", "naive_2"]
+
+
+def test_manual_grades_survive_regrading(regraded):
+    course, expected, _, _, rows = regraded
+    assert float(rows["naive_0"]["score"]) == expected["naive_0"] + 2  # large inputs given 2 by hand
+    assert float(rows["correct_1"]["score"]) == expected["correct_1"] - 2  # dims taken away by hand
+    assert float(rows["naive_1"]["score"]) == expected["naive_1"]
+    with Gradebook(db_url(course), COURSE_ID) as gb:
+        assert gb.find_grade("test_large_inputs", NOTEBOOK, ASSIGNMENT, "naive_0").manual_score == 2
+        assert gb.find_grade("test_dims", NOTEBOOK, ASSIGNMENT, "correct_1").manual_score == 0
+    assert len(rows) == len(expected) + 1
+
+
+# ------------------------------------------------------------------ feedback
+def test_feedback_leaves_the_marker_out(graded):
+    """A student still marked as being graded: generate_feedback does not copy the marker."""
+    course = graded[0]
+    folder = course / "autograded" / "correct_2" / ASSIGNMENT
+    (folder / "notes.txt").write_text("a file nbgrader copies into feedback")
+    (folder / ".fp-grading-incomplete").write_text("being graded\n")
+    try:
+        nbgrader(course, "generate_feedback", ASSIGNMENT, "--student=correct_2", "--force")
+    finally:
+        (folder / ".fp-grading-incomplete").unlink()
+    feedback = course / "feedback" / "correct_2" / ASSIGNMENT
+    assert (feedback / f"{NOTEBOOK}.html").exists() and (feedback / "notes.txt").exists()
+    assert not (feedback / ".fp-grading-incomplete").exists()
+
+
+# ------------------------------------------------------------------ units
+def test_only_the_command_line_fans_out():
+    from firstprinciples.grading.parallel import looks_like_cli, shard_of, threads_per_worker
+
+    assert looks_like_cli(["/usr/local/bin/nbgrader", "autograde", "ps1"])
+    assert looks_like_cli([os.path.join(os.path.dirname(__import__("nbgrader").__file__), "__main__.py"),
+                           "autograde", "ps1", "--force"])
+    assert not looks_like_cli(["/usr/bin/jupyter-lab"])  # formgrader: the Python API
+    assert not looks_like_cli(["/usr/local/bin/nbgrader", "generate_feedback", "ps1"])
+    assert [shard_of(i, 3) for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert threads_per_worker(2, cores=2) == 1 and threads_per_worker(3, cores=2) == 1
+    assert threads_per_worker(2, cores=8) == 4
