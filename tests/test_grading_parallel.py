@@ -33,7 +33,7 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from course import SOLUTIONS, make_course, nbgrader
+from course import SOLUTIONS, make_course, nbgrader, scratch
 from test_instructor_roundtrip import fill, solution_answers
 
 ASSIGNMENT = NOTEBOOK = "softmax"
@@ -176,6 +176,8 @@ def test_nothing_left_in_progress(graded):
     course = graded[0]
     assert unfinished(course) == []
     assert not list((course / "autograded").glob("*/.fp-discarded-*"))
+    # each nbgrader command (and each worker) removes its kernels' socket folder when it ends
+    assert not list(scratch(course).glob("fp-grade-*")), list(scratch(course).iterdir())
 
 
 # ------------------------------------------------------------------ manual grades

@@ -111,7 +111,9 @@ def restarted(tmp_path_factory):
                and len(_finished(course)) < len(STUDENTS))
     out["done_at_kill"], out["half_at_kill"] = _finished(course), unfinished(course)
     out["left_running"] = _wait_until_gone(course, proc.pid)
-    out["export_after_kill"] = {r["student_id"]: float(r["score"]) for r in read_export(course)}
+    rows = read_export(course)
+    out["export_after_kill"] = {r["student_id"]: float(r["score"]) for r in rows}
+    out["flagged_after_kill"] = sorted(r["student_id"] for r in rows if r["notes"].startswith("NOT FINISHED"))
     out["rerun"] = nbgrader(course, "autograde", ASSIGNMENT, env=ENV)
     out["rows"] = read_export(course)
 
@@ -162,6 +164,13 @@ def test_finished_students_keep_their_grade_after_the_kill(restarted):
     export = restarted["export_after_kill"]
     for student in restarted["done_at_kill"]:
         assert export[student] == STUDENTS[student], (student, export[student])
+
+
+def test_an_export_after_the_kill_flags_the_half_graded_students(restarted):
+    """Their score is not final until the rerun: grades.csv lists them (even one that the
+    gradebook did not know yet) and says so in its notes column."""
+    assert restarted["flagged_after_kill"] == restarted["half_at_kill"]
+    assert not any(r["notes"].startswith("NOT FINISHED") for r in restarted["rows"])
 
 
 def test_rerun_grades_exactly_the_unfinished_students(restarted):

@@ -56,6 +56,8 @@ from nbgrader.coursedir import CourseDirectory
 from nbgrader.plugins.export import CsvExportPlugin
 from nbgrader.preprocessors import NbGraderPreprocessor
 
+from .parallel import MARKER
+
 NOTES_DIRECTORY = "grading_notes"
 # Expected notebook path -> the file actually graded for it (None: nothing usable).
 # Filled by MatchNotebooks, read by TolerantNotebookExporter (same process).
@@ -348,11 +350,16 @@ class MatchNotebooks:
 
 
 # ------------------------------------------------------------ export
+UNFINISHED_NOTE = "NOT FINISHED: a grading run stopped in the middle of this submission; run nbgrader autograde again"
+
+
 class CsvExportWithNotes(CsvExportPlugin):
     """nbgrader's CSV export plus a ``notes`` column: what grading repaired or
     could not grade for that student (from ``grading_notes/``). A submission
     folder that holds no notebook at all (nbgrader's autograde skips it with a
     warning) gets score 0 and a note, also when an earlier run had graded it.
+    A submission whose grading was stopped half-way (its ``autograded/`` folder
+    still has the ``parallel.MARKER``) is flagged: its score is not final.
     """
 
     def export(self, gradebook: Gradebook) -> None:
@@ -382,13 +389,28 @@ class CsvExportWithNotes(CsvExportPlugin):
                     index[(assignment.name, student)] = row
                 row.update(raw_score="0.0", late_submission_penalty="0.0", score="0.0")
                 row["notes"] = "graded as 0: no notebook in the submission folder"
+            for marker in sorted(glob.glob(os.path.join(cd.format_path(cd.autograded_directory, "*", assignment.name),
+                                                        MARKER))):
+                student = os.path.basename(os.path.dirname(os.path.dirname(marker)))
+                if (assignment.name, student) in index or (self.student and student not in [str(s) for s in self.student]):
+                    continue
+                # stopped before the gradebook heard of it: listed all the same, with no points yet
+                row = dict.fromkeys(keys, "")
+                row.update(assignment=assignment.name, student_id=student, max_score=str(assignment.max_score),
+                           raw_score="0.0", late_submission_penalty="0.0", score="0.0")
+                rows.append(row)
+                index[(assignment.name, student)] = row
         for row in rows:
-            if row.get("notes"):
+            unfinished = os.path.exists(os.path.join(
+                cd.format_path(cd.autograded_directory, row["student_id"], row["assignment"]), MARKER))
+            if row.get("notes") and not unfinished:
                 continue
             files = sorted((Path(cd.root) / NOTES_DIRECTORY / row["assignment"] / row["student_id"]).glob("*.txt"))
             row["notes"] = " | ".join(
                 f"{p.stem}.ipynb: " + "; ".join(line for line in p.read_text().splitlines() if line)
                 for p in files if p.read_text().strip())
+            if unfinished:  # a grading run was stopped in the middle of this submission
+                row["notes"] = " | ".join(filter(None, [UNFINISHED_NOTE, row["notes"]]))
         with open(dest, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=[*keys, "notes"], lineterminator="\n")
             writer.writeheader()
