@@ -219,10 +219,16 @@ STEP_CELLS = {
 # ---------------------------------------------------------------- generate
 def generate_cases(rng: np.random.Generator) -> list:
     cases = []
-    configs = [(2, 3, 4, 8, 2, "float64")]  # the visible test's sizes
+    # Generation feeds each output back in, so rounding differences between two correct
+    # answers grow from step to step: in float32, over 300 random draws with a correct answer,
+    # n_new = 10 exceeded the float32 tolerance in 8% of draws (by up to 34 times), n_new = 6
+    # in 0.3%, while the visible test's sizes (n_new = 4) stayed below a quarter of it. So
+    # float32 is probed on those sizes (the answer must keep the dtype), the longer runs in
+    # float64, where the same growth stays far below the float64 tolerance.
+    configs = [(2, 3, 4, 8, 2, "float64"), (2, 3, 4, 8, 2, "float32")]  # the visible test's sizes
     full = [(1, 1, 1, 4, 1), (1, 1, 8, 8, 2), (3, 5, 6, 12, 3), (2, 2, 10, 16, 4)]
     for i in rng.permutation(len(full))[:3]:
-        configs.append((*full[i], "float32" if len(configs) % 2 else "float64"))
+        configs.append((*full[i], "float64"))
     for B, T_p, n_new, d, H, dtype in configs:
         cases.append({"label": f"B={B}, prompt of {T_p}, n_new={n_new}, d_model={d}, n_heads={H}, {dtype}",
                       "tags": ("generate",), "W": _weights(rng, d, dtype), "n_heads": H, "n_new": n_new,
