@@ -18,11 +18,9 @@ Grading is hardened here, with nbgrader's own commands:
   database that ``$FP_GRADEBOOK_URL`` names (e.g. PostgreSQL, shared by several
   grading machines: ``postgresql://user:password@host/dbname``).
 """
-import atexit
 import os
 import shutil
 import sys
-import tempfile
 
 from nbconvert.preprocessors import ClearMetadataPreprocessor
 from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearOutput, DeduplicateIds, IgnorePattern,
@@ -91,10 +89,8 @@ if shutil.which("bwrap") and not os.environ.get("FP_GRADING_UNSANDBOXED"):
     )
     c.Execute.kernel_name = "fp-sandbox"
     c.AsyncKernelManager.transport = "ipc"
-    # The kernel's sockets live in a folder private to this grading process, removed when it ends.
-    _sockets = tempfile.mkdtemp(prefix="fp-grade-")
-    atexit.register(shutil.rmtree, _sockets, ignore_errors=True)
-    c.AsyncKernelManager.ip = os.path.join(_sockets, "kernel")
+    # The kernel's sockets live in a folder private to each grading process, removed when
+    # it ends (GraderBoundKernelManager sets the ip).
 else:
     print("nbgrader_config.py: WARNING: grading WITHOUT the sandbox "
           "(bubblewrap missing or FP_GRADING_UNSANDBOXED set)", file=sys.stderr)

@@ -10,17 +10,17 @@ Parallel
     With ``workers`` > 1 (``c.Autograde.workers``; default: the environment
     variable ``FP_GRADING_WORKERS``, else the number of cores) and more than one
     submission to grade, the command splits the submissions (sorted, dealt
-    round-robin) into that many shards and starts one worker per shard: the
-    same command line again (``python -m nbgrader autograde ps1 --force ...``,
-    same folder), told its shard by ``FP_GRADING_SHARD=i/N`` and the list of its
-    submissions on its standard input. A worker runs nbgrader's own serial loop
-    on its shard. Each worker's log is streamed to this command's stderr,
-    prefixed ``[grader i/N]``; when a worker fails, the command fails (exit code
-    1) naming the students concerned. Each worker gets ``OMP_NUM_THREADS`` /
-    ``MKL_NUM_THREADS`` = cores // workers (at least 1) so that the workers'
-    kernels do not fight over the cores (the sandbox passes
-    ``OMP_NUM_THREADS`` on to the kernel). Called through nbgrader's Python API
-    (formgrader) instead of the command line, grading stays serial.
+    round-robin) into that many shards and forks one worker per shard, once the
+    command has loaded nbgrader, its configuration and the trusted grader (so a
+    worker starts grading at once). A worker runs nbgrader's own serial loop on
+    its shard and dies with the command (``PR_SET_PDEATHSIG``). Each worker's
+    log is streamed to this command's stderr, prefixed ``[grader i/N]``; when a
+    worker fails, the command fails (exit code 1) naming the students
+    concerned. Each worker gets ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` =
+    cores // workers (at least 1) so that the workers' kernels do not fight over
+    the cores (the sandbox passes them on to the kernel). Called through
+    nbgrader's Python API (formgrader, a threaded server that must not be
+    forked) instead of the command line, grading stays serial.
 
 Restartable
     Stock nbgrader skips a submission whose ``autograded/`` folder exists, so a
@@ -58,19 +58,25 @@ nbgrader's ``SaveAutoGrades`` only writes ``auto_score``.
 """
 from __future__ import annotations
 
+import asyncio
+import atexit
 import ctypes
 import ctypes.util
 import glob
 import os
 import re
+import shutil
 import signal
 import socket
 import sqlite3
-import subprocess
 import sys
+import tempfile
 import threading
 import time
+import traceback
 import uuid
+
+import jupyter_core.utils
 
 from jupyter_client.manager import AsyncKernelManager
 from nbgrader.converters import Autograde
@@ -118,8 +124,32 @@ def _die_with(parent: int):
     return preexec
 
 
+_SOCKETS: dict = {}  # pid -> this process's kernel socket folder
+
+
+def socket_folder() -> str:
+    """A folder private to this process (a forked worker gets its own) for its kernels' sockets."""
+    pid = os.getpid()
+    if pid not in _SOCKETS:
+        _SOCKETS[pid] = tempfile.mkdtemp(prefix="fp-grade-")
+        atexit.register(remove_socket_folder)
+    return _SOCKETS[pid]
+
+
+def remove_socket_folder() -> None:
+    folder = _SOCKETS.pop(os.getpid(), None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 class GraderBoundKernelManager(AsyncKernelManager):
-    """``AsyncKernelManager`` whose kernels die with the process that started them."""
+    """``AsyncKernelManager`` whose kernels die with the process that started them, and
+    whose ``ipc`` sockets live in a folder of that process's own (``socket_folder``)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        if self.transport == "ipc":
+            self.ip = os.path.join(socket_folder(), "kernel")
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
         # PR_SET_PDEATHSIG fires when the launching *thread* ends: only bind kernels started by
@@ -186,20 +216,10 @@ class ParallelAutograde(Autograde):
 
     # ---------------------------------------------------------- the batch
     def convert_notebooks(self) -> None:
-        shard = os.environ.get(SHARD_ENV)
-        if shard:  # this process is one worker of a parallel run
-            self._keep_shard(shard)
-            return super().convert_notebooks()
         workers = min(self.workers, len(self.assignments))
-        if workers <= 1 or not looks_like_cli(sys.argv):
+        if workers <= 1 or os.environ.get(SHARD_ENV) or not looks_like_cli(sys.argv) or not hasattr(os, "fork"):
             return super().convert_notebooks()
         self._run_workers(workers)
-
-    def _keep_shard(self, shard: str) -> None:
-        """Keep the submissions that the parent handed this worker (one path per line on stdin)."""
-        wanted = {os.path.normpath(line) for line in sys.stdin.read().splitlines() if line.strip()}
-        self.assignments = {k: v for k, v in self.assignments.items() if os.path.normpath(k) in wanted}
-        self.log.info("Grader %s: %d submission(s)", shard, len(self.assignments))
 
     def _run_workers(self, workers: int) -> None:
         submissions = sorted(self.assignments)
@@ -207,32 +227,37 @@ class ParallelAutograde(Autograde):
         threads = str(threads_per_worker(workers))
         self.log.info("Grading %d submissions with %d workers (%s thread(s) each)",
                       len(submissions), workers, threads)
-        cmd = [sys.executable, "-m", "nbgrader", *sys.argv[1:]]
-        procs, pumps, errors = [], [], {}
-        previous = {}
+        # What every worker needs is loaded once, here, and shared by fork: a worker then
+        # starts grading at once instead of paying for `python -m nbgrader` and torch again.
+        from . import probes, trusted  # noqa: F401
+        probes.load()
+        pids, pipes, pumps, errors, previous = [], [], [], {}, {}
         try:
             # A plain `kill` (SIGTERM) or a hang-up of this process stops the workers too.
             for sig in (signal.SIGTERM, signal.SIGHUP):
-                previous[sig] = signal.signal(sig, self._stop_workers(procs))
-            for w, shard in enumerate(shards):
-                env = {**os.environ, SHARD_ENV: f"{w + 1}/{workers}",
-                       "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-                proc = subprocess.Popen(cmd, cwd=os.getcwd(), env=env, stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, errors="replace", bufsize=1)
-                procs.append(proc)
-                proc.stdin.write("".join(s + "\n" for s in shard))
-                proc.stdin.close()
+                previous[sig] = signal.signal(sig, self._stop_workers(pids))
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for w, shard in enumerate(shards):  # every fork before any thread starts here
+                read, write = os.pipe()
+                pid = os.fork()
+                if pid == 0:  # the worker: never returns
+                    os.close(read)
+                    self._work(w, workers, shard, write, threads)
+                os.close(write)
+                pids.append(pid)
+                pipes.append(read)
+            for w, read in enumerate(pipes):
                 errors[w] = []
-                pump = threading.Thread(target=self._pump, args=(proc, f"[grader {w + 1}/{workers}] ", errors[w]),
+                pump = threading.Thread(target=self._pump, args=(read, f"[grader {w + 1}/{workers}] ", errors[w]),
                                         daemon=True)
                 pump.start()
                 pumps.append(pump)
-            codes = [p.wait() for p in procs]
-        except BaseException as exc:  # Ctrl-C, a signal (see _stop_workers), a worker that could not start
+            codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+        except BaseException as exc:  # Ctrl-C, a signal (see _stop_workers)
             if isinstance(exc, KeyboardInterrupt):
                 self.log.error("Interrupted: stopping the graders")
-            self._terminate(procs)
+            self._terminate(pids)
             raise
         finally:
             for sig, handler in previous.items():
@@ -254,38 +279,81 @@ class ParallelAutograde(Autograde):
         self.log.error(msg)
         raise NbGraderException(msg)
 
-    @staticmethod
-    def _pump(proc, prefix: str, errors: list) -> None:
-        for line in proc.stdout:
-            m = _ERROR_LINE.search(line)
-            if m:
-                errors.append(m.groups())
-            sys.stderr.write(prefix + line)
-            sys.stderr.flush()
+    def _work(self, w: int, workers: int, shard: list, output: int, threads: str) -> None:
+        """In a forked worker: grade ``shard`` with nbgrader's own loop, log into ``output``, exit."""
+        code = 1
+        try:
+            parent = os.getppid()
+            if sys.platform.startswith("linux"):  # die with the command, even on kill -9
+                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+                libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                if os.getppid() != parent:
+                    os._exit(1)
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            os.dup2(output, 1)
+            os.dup2(output, 2)
+            os.close(output)
+            os.environ.update({SHARD_ENV: f"{w + 1}/{workers}", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
+            import torch
 
-    def _stop_workers(self, procs):
+            torch.set_num_threads(int(threads))
+            asyncio.set_event_loop(None)  # kernels are driven by an event loop of this process's own
+            jupyter_core.utils._loop.set(None)
+            self.assignments = {k: v for k, v in self.assignments.items() if k in set(shard)}
+            self.log.info("Grader %d/%d: %d submission(s)", w + 1, workers, len(self.assignments))
+            Autograde.convert_notebooks(self)
+            code = 0
+        except NbGraderException:
+            pass  # nbgrader has logged which students failed
+        except BaseException:  # noqa: BLE001 (anything: report it, never return into the parent's code)
+            traceback.print_exc()
+        finally:
+            try:
+                remove_socket_folder()  # (os._exit skips atexit)
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+
+    @staticmethod
+    def _pump(read: int, prefix: str, errors: list) -> None:
+        with os.fdopen(read, encoding="utf-8", errors="replace") as stream:
+            for line in stream:
+                m = _ERROR_LINE.search(line)
+                if m:
+                    errors.append(m.groups())
+                sys.stderr.write(prefix + line)
+                sys.stderr.flush()
+
+    def _stop_workers(self, pids):
         def handler(signum, _frame):
-            # No waiting here: the handler may run inside Popen.wait, which holds a lock.
+            # No waiting here: the handler may run inside os.waitpid.
             self.log.error("Stopped (signal %d): stopping the graders", signum)
-            self._kill(procs)
+            self._kill(pids)
             raise SystemExit(128 + signum)
         return handler
 
     @staticmethod
-    def _kill(procs) -> None:
+    def _kill(pids) -> None:
         """Stop the workers at once. Nothing is lost: their kernels die with them, and the
         submissions they were grading keep the marker, so the next run grades them again.
         (A gentler signal would not stop them: nbclient takes SIGINT and SIGTERM during a
         notebook for that notebook's failure, and nbgrader goes on with the next student.)"""
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # already reaped
 
     @classmethod
-    def _terminate(cls, procs) -> None:
-        cls._kill(procs)
-        for p in procs:
-            p.wait()
+    def _terminate(cls, pids) -> None:
+        cls._kill(pids)
+        for pid in pids:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
 
     def _finished(self, submission: str) -> bool:
         m = re.match(self._format_source("(?P<assignment_id>.*)", "(?P<student_id>.*)", escape=True), submission)
