@@ -283,12 +283,8 @@ class ParallelAutograde(Autograde):
         """In a forked worker: grade ``shard`` with nbgrader's own loop, log into ``output``, exit."""
         code = 1
         try:
-            parent = os.getppid()
             if sys.platform.startswith("linux"):  # die with the command, even on kill -9
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-                libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-                if os.getppid() != parent:
-                    os._exit(1)
+                _die_with(os.getppid())()
             for sig in (signal.SIGTERM, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
             os.dup2(output, 1)
