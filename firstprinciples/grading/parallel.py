@@ -86,6 +86,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from traitlets import Integer, default
 
+from .sandbox import sweep_cgroups
+
 MARKER = ".fp-grading-incomplete"
 SHARD_ENV = "FP_GRADING_SHARD"
 WORKERS_ENV = "FP_GRADING_WORKERS"
@@ -143,8 +145,9 @@ def remove_socket_folder() -> None:
 
 
 class GraderBoundKernelManager(AsyncKernelManager):
-    """``AsyncKernelManager`` whose kernels die with the process that started them, and
-    whose ``ipc`` sockets live in a folder of that process's own (``socket_folder``)."""
+    """``AsyncKernelManager`` whose kernels die with the process that started them, whose
+    ``ipc`` sockets live in a folder of that process's own (``socket_folder``), and whose
+    sandboxes' cgroups are removed once the kernel is gone."""
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -158,6 +161,12 @@ class GraderBoundKernelManager(AsyncKernelManager):
                 and threading.current_thread() is threading.main_thread()):
             kw["preexec_fn"] = _die_with(os.getpid())
         return await super()._async_launch_kernel(kernel_cmd, **kw)
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
+        # A kernel shut down at once (c.Execute.shutdown_kernel = "immediate") takes its
+        # sandbox's launcher with it before the launcher can remove its (now empty) cgroups.
+        sweep_cgroups()
 
 
 # ---------------------------------------------------------------- helpers
