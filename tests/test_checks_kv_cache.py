@@ -10,6 +10,7 @@ its piece that it must fail. Every check must reject at least five variants.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -334,7 +335,8 @@ def generate_with_step_mistake(mistake):
 
 # ---------------------------------------------------------------- the tables
 PIECES = {
-    "KVCache": {"cache": C.check_kv_cache, "cache_grads": C.check_kv_cache_gradients},
+    "KVCache": {"cache": C.check_kv_cache, "cache_visible": functools.partial(C.check_kv_cache, full=False),
+                "cache_grads": C.check_kv_cache_gradients},
     "cached_attention_step": {
         "one_token": C.check_one_token_at_a_time,
         "prompt": C.check_prompt_then_tokens,
@@ -356,7 +358,8 @@ CORRECT = {
     },
 }
 
-CACHE_ALL = {"cache", "cache_grads"}
+CACHE_VALUES = {"cache", "cache_visible"}  # the full check and its visible part (the capstone's recap)
+CACHE_ALL = CACHE_VALUES | {"cache_grads"}
 STEP_ALL = {"one_token", "prompt", "step_grads"}
 MISTAKE_FAILS = {
     ("KVCache", "cache not updated"): CACHE_ALL,
@@ -364,7 +367,7 @@ MISTAKE_FAILS = {
     ("KVCache", "appended along the feature dim"): CACHE_ALL,
     ("KVCache", "appended along the head dim"): CACHE_ALL,
     ("KVCache", "new entries prepended"): CACHE_ALL,
-    ("KVCache", "len counts appends"): {"cache"},
+    ("KVCache", "len counts appends"): CACHE_VALUES,
     ("cached_attention_step", "cache not updated"): STEP_ALL,
     ("cached_attention_step", "new token left out"): STEP_ALL,
     ("cached_attention_step", "mask hides the cache"): STEP_ALL,
@@ -386,9 +389,9 @@ OTHER_VARIANTS = {
     ("KVCache", "detached"): (DetachedCache, {"cache_grads"}),
     ("KVCache", "modifies its inputs"): (ZeroesInputsCache, CACHE_ALL),
     ("KVCache", "returns numpy"): (NumpyCache, CACHE_ALL),
-    ("KVCache", "casts to float32"): (Float32Cache, {"cache"}),
-    ("KVCache", "K and V swapped"): (SwappedCache, {"cache"}),
-    ("KVCache", "len of an empty cache fails"): (EmptyLenFailsCache, {"cache"}),
+    ("KVCache", "casts to float32"): (Float32Cache, CACHE_VALUES),
+    ("KVCache", "K and V swapped"): (SwappedCache, CACHE_VALUES),
+    ("KVCache", "len of an empty cache fails"): (EmptyLenFailsCache, CACHE_VALUES),
     ("cached_attention_step", "calls the reference"): (step_calls_reference, STEP_ALL),
     ("cached_attention_step", "calls mha itself"): (step_calls_mha, STEP_ALL),
     ("cached_attention_step", "calls torch's attention"): (step_calls_torch, STEP_ALL),

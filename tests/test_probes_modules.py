@@ -4,17 +4,10 @@ For each piece: every correct answer and every variant of the matching table
 (tests/test_checks_multihead.py, _block, _kv_cache) gets, per test cell, the
 trusted verdict its checks give (the cell -> check names maps below are read
 off the notebooks' test cells). The later notebooks' 1-point recap cells are
-covered too, in the notebook where they appear.
-
-Shared grade_ids: a probe's ``cells`` is keyed by grade_id alone, so
-``test_split_heads``, ``test_merge_heads`` (multi-head notebook: the full
-checks; transformer_block and capstone: the visible part only),
-``test_feed_forward`` (transformer_block: structure, values, gradients;
-capstone: the visible values) and ``test_kv_cache`` (kv_cache: the full cache
-checks and the gradients; capstone: the visible part) re-check what the main
-notebook's cell grades. In the recap notebooks this is stricter than the
-kernel's 1-point test for the few variants that only the main cell's hidden or
-gradient checks reject: those are listed as ``differences``.
+covered too, in the notebook where they appear: they have grade_ids of their
+own (``recap_split_heads``, ``recap_merge_heads``, ``recap_feed_forward``,
+``recap_kv_cache``, ...) and the re-check grades them as leniently as their
+visible checks, with no difference.
 """
 from __future__ import annotations
 
@@ -37,16 +30,6 @@ BLOCK_NB = "transformer_block/transformer_block.ipynb"
 KV_NB = "kv_cache/kv_cache.ipynb"
 CAPSTONE_NB = "capstone/capstone.ipynb"
 
-RECAP = "the recap cell shares its grade_id with the main notebook's cell, whose hidden checks reject this variant"
-
-
-def recap_differences(variants, cell, main_fails, recap_fails):
-    """The variants that the main cell's checks reject but the recap cell's do not: the trusted
-    re-check (keyed by grade_id) fails the recap cell for them too."""
-    return {name: ({cell}, RECAP) for name, (_, fails) in variants.items()
-            if fails & main_fails and not fails & recap_fails}
-
-
 # ====================================================================== split_heads, merge_heads
 SPLIT_CORRECT = {"unflatten and permute": M.good_split, "reference": reference.split_heads.__wrapped__}
 MERGE_CORRECT = {"permute and flatten": M.good_merge, "cat of heads": M.merge_cat_of_heads,
@@ -57,11 +40,9 @@ test_split_heads_agrees = agreement_test(
 test_merge_heads_agrees = agreement_test(
     MHA_NB, "merge_heads", {"test_merge_heads": {"merge", "merge_visible"}}, MERGE_CORRECT, M.MERGE_VARIANTS, {})
 test_split_heads_recap_agrees = agreement_test(
-    BLOCK_NB, "split_heads", {"test_split_heads": {"split_visible"}}, SPLIT_CORRECT, M.SPLIT_VARIANTS, {},
-    recap_differences(M.SPLIT_VARIANTS, "test_split_heads", {"split"}, {"split_visible"}))
+    BLOCK_NB, "split_heads", {"recap_split_heads": {"split_visible"}}, SPLIT_CORRECT, M.SPLIT_VARIANTS, {})
 test_merge_heads_recap_agrees = agreement_test(
-    CAPSTONE_NB, "merge_heads", {"test_merge_heads": {"merge_visible"}}, MERGE_CORRECT, M.MERGE_VARIANTS, {},
-    recap_differences(M.MERGE_VARIANTS, "test_merge_heads", {"merge"}, {"merge_visible"}))
+    CAPSTONE_NB, "merge_heads", {"recap_merge_heads": {"merge_visible"}}, MERGE_CORRECT, M.MERGE_VARIANTS, {})
 
 # ====================================================================== MultiHeadAttention
 MHA_CELLS = {
@@ -82,8 +63,7 @@ FFN_CORRECT = {"independent": Bk.GoodFFN, "nn.Sequential": Bk.FFNSequential}
 test_ffn_agrees = agreement_test(BLOCK_NB, "FeedForward", {"test_feed_forward": FFN_ALL}, FFN_CORRECT,
                                  Bk.FFN_VARIANTS, {})
 test_ffn_recap_agrees = agreement_test(
-    CAPSTONE_NB, "FeedForward", {"test_feed_forward": {"ffn_values_visible"}}, FFN_CORRECT, Bk.FFN_VARIANTS, {},
-    recap_differences(Bk.FFN_VARIANTS, "test_feed_forward", FFN_ALL, {"ffn_values_visible"}))
+    CAPSTONE_NB, "FeedForward", {"recap_feed_forward": {"ffn_values_visible"}}, FFN_CORRECT, Bk.FFN_VARIANTS, {})
 
 BLOCK_CELLS = {
     "test_block_structure": {"structure"},
@@ -118,8 +98,7 @@ test_capstone_step_agrees = agreement_test(
     CAPSTONE_NB, "cached_attention_step", {"test_cached_attention_step": {"one_token"}},
     C.CORRECT["cached_attention_step"], STEP_VARIANTS, {})
 test_capstone_kv_cache_agrees = agreement_test(
-    CAPSTONE_NB, "KVCache", {"test_kv_cache": {"cache"}}, C.CORRECT["KVCache"], CACHE_VARIANTS, {},
-    recap_differences(CACHE_VARIANTS, "test_kv_cache", {"cache", "cache_grads"}, {"cache"}))
+    CAPSTONE_NB, "KVCache", {"recap_kv_cache": {"cache_visible"}}, C.CORRECT["KVCache"], CACHE_VARIANTS, {})
 
 
 # ====================================================================== the capstone's cells that use a piece as a part

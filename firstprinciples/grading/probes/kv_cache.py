@@ -37,13 +37,13 @@ def _shape(t):
 def cache_cases(rng: np.random.Generator) -> list:
     cases = []
 
-    def add(chunks, B, H, d_k, d_v, dtype):
+    def add(chunks, B, H, d_k, d_v, dtype, *tags):
         cases.append({"label": f"appending {list(chunks)} positions (B={B}, H={H}, d_k={d_k}, d_v={d_v}, {dtype})",
-                      "tags": ("cache",), "ks": tuple(normal(rng, (B, H, n, d_k), dtype) for n in chunks),
+                      "tags": ("cache", *tags), "ks": tuple(normal(rng, (B, H, n, d_k), dtype) for n in chunks),
                       "vs": tuple(normal(rng, (B, H, n, d_v), dtype) for n in chunks)})
 
-    add((1, 1, 1), 2, 2, 4, 4, "float64")  # the visible test's sizes
-    add((3, 1, 2), 2, 2, 4, 4, "float64")
+    add((1, 1, 1), 2, 2, 4, 4, "float64", "visible")  # the visible test's cases
+    add((3, 1, 2), 2, 2, 4, 4, "float64", "visible")
     add((1, 1, 1, 1, 1), 1, 1, 2, 2, "float32")
     add((2, 3, 1), 2, 3, 4, 3, "float32")
     add((5,), 1, 2, 3, 3, "float64")
@@ -104,8 +104,8 @@ def returned_keys_and_values(case, got, want):
 
 
 CACHE_CELLS = {
-    # kv_cache: everything (the capstone's 1-point test_kv_cache shares the grade_id)
-    "test_kv_cache": aspect(),
+    "test_kv_cache": aspect(),  # kv_cache: everything
+    "recap_kv_cache": aspect("visible"),  # the capstone's 1-point recap: the visible cases
     # the capstone's cached generation with one of your caches per block
     "test_generate_cached": aspect("cache", mode="structure", also=returned_keys_and_values),
     "test_generate_trained": aspect("cache", mode="structure", also=returned_keys_and_values),

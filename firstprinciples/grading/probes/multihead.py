@@ -8,10 +8,10 @@ reference class the same way. Nothing here calls a reference piece: the same
 run executes in the student's kernel under the probe's watcher.
 
 Each case carries tags naming the test cell it stands for (``cells``). The
-later notebooks re-test these pieces in 1-point cells: ``test_split_heads`` and
-``test_merge_heads`` share their grade_id with the multi-head notebook's cells
-(``cells`` is keyed by grade_id alone, so they get the main notebook's aspect);
-``test_multi_head_attention`` is the recap of the values without a mask.
+later notebooks re-test these pieces in 1-point cells of their own grade_ids:
+``recap_split_heads`` and ``recap_merge_heads`` grade the visible (small) cases
+only, as their checks do; ``test_multi_head_attention`` is the recap of the
+values without a mask.
 
 The helpers at the end (``returned_pair``, ``scalars_and_honest_gradients``,
 ``masked_weights_are_zero``, ``nothing``) are shared with the block and KV-cache probes.
@@ -135,8 +135,9 @@ def merge_run(fn, case):
     return {"output": fn(heads), "x after the call": x}
 
 
-SPLIT_CELLS = {"test_split_heads": aspect()}
-MERGE_CELLS = {"test_merge_heads": aspect()}
+# The recap cells of the later notebooks grade the visible part only: the small cases.
+SPLIT_CELLS = {"test_split_heads": aspect(), "recap_split_heads": aspect("small")}
+MERGE_CELLS = {"test_merge_heads": aspect(), "recap_merge_heads": aspect("small")}
 
 
 # ---------------------------------------------------------------- MultiHeadAttention
