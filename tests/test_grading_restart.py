@@ -114,7 +114,9 @@ def restarted(tmp_path_factory):
     rows = read_export(course)
     out["export_after_kill"] = {r["student_id"]: float(r["score"]) for r in rows}
     out["flagged_after_kill"] = sorted(r["student_id"] for r in rows if r["notes"].startswith("NOT FINISHED"))
+    out["sockets_after_kill"] = sorted(p.name for p in scratch(course).glob("fp-grade-*"))
     out["rerun"] = nbgrader(course, "autograde", ASSIGNMENT, env=ENV)
+    out["sockets_after_rerun"] = sorted(p.name for p in scratch(course).glob("fp-grade-*"))
     out["rows"] = read_export(course)
 
     # 2. grading everyone again (--force), killed in the middle; then a plain rerun
@@ -158,6 +160,13 @@ def test_nothing_keeps_running_after_the_kill(restarted):
     assert restarted["left_running"] == [], restarted["left_running"]
     assert restarted["left_running_2"] == [], restarted["left_running_2"]
     assert restarted["left_running_3"] == [], restarted["left_running_3"]
+
+
+def test_the_rerun_removes_the_socket_folders_of_the_killed_graders(restarted):
+    """Killed with SIGKILL, the workers could not remove their kernels' socket folders; the
+    next grading command does (their owners are gone)."""
+    assert restarted["sockets_after_kill"], "the kill left no socket folder: this test checks nothing"
+    assert restarted["sockets_after_rerun"] == [], restarted["sockets_after_rerun"]
 
 
 def test_finished_students_keep_their_grade_after_the_kill(restarted):

@@ -51,7 +51,10 @@ Kernels
     cell. ``GraderBoundKernelManager`` (``c.Execute.kernel_manager_class``)
     starts every kernel so that the kernel's launcher gets SIGKILL when the
     grading process that started it dies (``PR_SET_PDEATHSIG``); the sandbox
-    takes everything inside it down with its launcher.
+    takes everything inside it down with its launcher. Each grading process
+    keeps its kernels' sockets in a folder of its own (``fp-grade-<pid>-*`` in
+    the temporary folder), removed when it ends; the next grading command
+    removes those of processes that were killed before they could.
 
 Grades an instructor entered by hand (``manual_score``) are never touched:
 nbgrader's ``SaveAutoGrades`` only writes ``auto_score``.
@@ -127,15 +130,32 @@ def _die_with(parent: int):
 
 
 _SOCKETS: dict = {}  # pid -> this process's kernel socket folder
+_SOCKET_PREFIX = "fp-grade-"  # then the pid of the process that made the folder
 
 
 def socket_folder() -> str:
     """A folder private to this process (a forked worker gets its own) for its kernels' sockets."""
     pid = os.getpid()
     if pid not in _SOCKETS:
-        _SOCKETS[pid] = tempfile.mkdtemp(prefix="fp-grade-")
+        _sweep_socket_folders()
+        _SOCKETS[pid] = tempfile.mkdtemp(prefix=f"{_SOCKET_PREFIX}{pid}-")
         atexit.register(remove_socket_folder)
     return _SOCKETS[pid]
+
+
+def _sweep_socket_folders() -> None:
+    """Remove the socket folders of grading processes that are gone (killed with SIGKILL, they
+    could not remove their own). Their kernels died with them (``PR_SET_PDEATHSIG``)."""
+    for folder in glob.glob(os.path.join(glob.escape(tempfile.gettempdir()), f"{_SOCKET_PREFIX}*-*")):
+        owner = os.path.basename(folder)[len(_SOCKET_PREFIX):].split("-", 1)[0]
+        if not owner.isdigit():
+            continue
+        try:
+            os.kill(int(owner), 0)
+        except ProcessLookupError:  # gone (a live process of another user raises PermissionError)
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            pass
 
 
 def remove_socket_folder() -> None:
