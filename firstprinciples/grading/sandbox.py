@@ -87,30 +87,36 @@ def sweep_cgroups() -> None:
                 pass
 
 
-def enter_cgroups(name: str) -> list[Path]:
-    """Put this process (and so the whole sandbox) into fresh cgroups with limits."""
+def enter_cgroups(name: str) -> list[str]:
+    """Put this process (and so the whole sandbox) into fresh cgroups with limits; return the
+    controllers that took effect. Each controller stands alone: one whose group could not be
+    set up (no rights, or a grader's sweep removed the group while it was still empty) is
+    left out, and ``set_rlimits`` caps that resource instead."""
     sweep_cgroups()
-    groups = []
-    pids = _cgroup("pids", name)
-    mem = _cgroup("memory", name)
-    try:
-        if pids is not None:
-            (pids / "pids.max").write_text(str(PIDS))
-            (pids / "cgroup.procs").write_text(str(os.getpid()))
-            groups.append(pids)
-        if mem is not None:
-            (mem / "memory.limit_in_bytes").write_text(str(MEMORY_MB * 2**20))
-            swap = mem / "memory.memsw.limit_in_bytes"
-            if swap.exists():
-                swap.write_text(str(MEMORY_MB * 2**20))
-            (mem / "cgroup.procs").write_text(str(os.getpid()))
-            groups.append(mem)
-    except OSError:
-        pass
-    return groups
+    mem_limit = str(MEMORY_MB * 2**20)
+    limits = {"pids": [("pids.max", str(PIDS))],
+              "memory": [("memory.limit_in_bytes", mem_limit), ("memory.memsw.limit_in_bytes", mem_limit)]}
+    active = []
+    for controller, settings in limits.items():
+        group = _cgroup(controller, name)
+        if group is None:
+            continue
+        try:
+            for i, (setting, value) in enumerate(settings):
+                if i == 0 or (group / setting).exists():  # the swap limit exists only with swap accounting
+                    (group / setting).write_text(value)
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+            active.append(controller)
+        except OSError:
+            try:
+                group.rmdir()
+            except OSError:
+                pass
+    return active
 
 
-def set_rlimits(cgroups_active: bool) -> None:
+def set_rlimits(controllers: list[str]) -> None:
+    """File size, CPU time, no core dumps; memory and processes when no cgroup caps them."""
     def cap(kind, value):
         try:
             resource.setrlimit(kind, (value, value))
@@ -120,9 +126,9 @@ def set_rlimits(cgroups_active: bool) -> None:
     cap(resource.RLIMIT_FSIZE, FILE_MB * 2**20)
     cap(resource.RLIMIT_CPU, CPU_SECONDS)
     cap(resource.RLIMIT_CORE, 0)
-    if not cgroups_active:
-        # Fallbacks when no cgroup could be made: address space and processes.
+    if "memory" not in controllers:
         cap(resource.RLIMIT_AS, 2 * MEMORY_MB * 2**20)
+    if "pids" not in controllers:
         cap(resource.RLIMIT_NPROC, PIDS)
 
 
@@ -163,8 +169,10 @@ def main(argv=None) -> None:
         sys.exit(f"the kernel's socket folder {socket_dir!r} must be a private, existing folder")
     if shutil.which("bwrap") is None:
         sys.exit("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
-    groups = enter_cgroups(f"fp-sandbox-{uuid.uuid4().hex[:12]}")
-    set_rlimits(cgroups_active=bool(groups))
+    name = f"fp-sandbox-{uuid.uuid4().hex[:12]}"
+    controllers = enter_cgroups(name)
+    set_rlimits(controllers)
+    groups = [CGROUP_ROOT / c / name for c in controllers]
     kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", args.connection_file,
               "--HistoryManager.hist_file=:memory:"]
     cmd = bwrap_command(args.connection_file, socket_dir, kernel)
