@@ -15,10 +15,12 @@ fails or the student's grading is aborted. ``RobustExecute`` instead:
 - caps the output a single cell may produce (``max_output_bytes``): beyond it
   the output is cut, with a note, so a gigabyte of printing cannot exhaust the
   grader's memory or the gradebook;
-- after the last cell, runs the trusted re-check (``firstprinciples.grading.trusted``):
-  one probe cell per graded object, fresh secret inputs, results read back as
-  plain data and compared in this process; a test cell whose objects fail it
-  scores 0 with the reason in the feedback.
+- gives a notebook a time budget (``notebook_timeout``): once it is spent, the
+  cells left are not run (each says why), so one answer that hangs on every call
+  costs minutes, not a worker's afternoon;
+- after the last cell, runs the trusted re-check (``firstprinciples.grading.trusted``)
+  in a fresh sandboxed interpreter, never in the student's kernel, and makes its
+  verdict final in every test cell.
 
 Selected in ``nbgrader_config.py`` (``c.Autograde.autograde_preprocessors``).
 """
@@ -33,9 +35,9 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
-from traitlets import Bool, Integer
+from traitlets import Bool, Float, Integer
 
-from . import trusted
+from . import sandbox, sanitize, trusted
 
 FAULT_NAME = "GradingFault"
 
@@ -50,21 +52,37 @@ class RobustExecute(Execute):
     max_output_bytes = Integer(200_000, help="Largest output (in characters) kept for one cell.").tag(config=True)
     max_restarts = Integer(10, help="Fresh kernels at most per notebook; after that the remaining cells fail.").tag(config=True)
     trusted_verdicts = Bool(True, help="Re-check graded objects outside the kernel (firstprinciples.grading.trusted).").tag(config=True)
+    notebook_timeout = Integer(300, help="Seconds of cell execution one notebook may use; later cells are not run.").tag(config=True)
+    recheck_timeout = Float(300.0, help="Seconds the trusted re-check of one notebook may use in all.").tag(config=True)
+    recheck_piece_timeout = Float(45.0, help="Seconds the trusted re-check may spend on one piece.").tag(config=True)
 
     # ------------------------------------------------------------ output cap
-    def output(self, outs, msg, display_id, cell_index):
+    def _count(self, cell_index: int, msg: dict) -> bool:
+        """Count a message's whole content (text, data, metadata, error name, value and traceback)
+        against the cell's cap; False once the cell is over it."""
         size = self._output_sizes.get(cell_index, 0)
         if size > self.max_output_bytes:
-            return None  # already cut: drop the rest
+            return False
         content = msg.get("content", {})
-        added = len(str(content.get("text", ""))) + len(str(content.get("data", "")))
+        added = sum(len(str(v)) for v in content.values())
         self._output_sizes[cell_index] = size + added
-        if size + added > self.max_output_bytes:
-            note = (f"\n[output cut: this cell printed more than {self.max_output_bytes:,} characters; "
-                    "the rest was dropped by the grader]\n")
-            outs.append(NotebookNode(output_type="stream", name="stderr", text=note))
+        return size + added <= self.max_output_bytes
+
+    def output(self, outs, msg, display_id, cell_index):
+        if not self._count(cell_index, msg):
+            if not self._cut.get(cell_index):
+                self._cut[cell_index] = True
+                note = (f"\n[output cut: this cell printed more than {self.max_output_bytes:,} characters; "
+                        "the rest was dropped by the grader]\n")
+                outs.append(NotebookNode(output_type="stream", name="stderr", text=note))
             return None
         return super().output(outs, msg, display_id, cell_index)
+
+    def process_message(self, msg, cell, cell_index):
+        # display updates (update_display_data, clear_output) rewrite outputs outside ``output``: count them too
+        if msg.get("msg_type") in ("update_display_data",) and not self._count(cell_index, msg):
+            return None
+        return super().process_message(msg, cell, cell_index)
 
     # ------------------------------------------------------------ execution
     def preprocess(self, nb, resources=None, km=None):
@@ -72,12 +90,18 @@ class RobustExecute(Execute):
         self.reset_execution_trackers()
         self._check_assign_resources(resources)
         self._output_sizes: dict[int, int] = {}
+        self._cut: dict[int, bool] = {}
         self._restarts = 0
+        self._budget_end = None
+        self._cell_limit = self.timeout
         run_sync(self._execute_all)()
         return self.nb, self.resources
 
     async def _execute_all(self) -> None:
         clean: list[int] = []  # cells that ran without a fault, to replay after a restart
+        import time
+
+        self._budget_end = time.monotonic() + self.notebook_timeout
         async with self.async_setup_kernel():
             await self._kernel_info()
             for index, cell in enumerate(self.nb.cells):
@@ -85,6 +109,10 @@ class RobustExecute(Execute):
                     continue
                 if self._restarts > self.max_restarts:
                     cell.outputs = [_error("Not run: the notebook crashed its kernel too many times.")]
+                    continue
+                if time.monotonic() >= self._budget_end:
+                    cell.outputs = [_error(f"Not run: this notebook used up its {self.notebook_timeout} s of grading "
+                                           "time (an earlier cell hung or was very slow).")]
                     continue
                 fault = await self._run(cell, index)
                 if fault is None:
@@ -107,25 +135,29 @@ class RobustExecute(Execute):
         source_dir = self.config.get("CourseDirectory", {}).get("source_directory", "source")
         return root, root / source_dir / info["assignment"] / f"{info['notebook']}.ipynb"
 
+    def _sandboxed(self) -> bool:
+        return self.kernel_name == "fp-sandbox"
+
     async def _trusted_recheck(self, clean: list[int]) -> None:
+        """The trusted re-check, in a fresh runner (never in the student's kernel), then the
+        verdict made final in every test cell (``trusted.apply``)."""
+        import asyncio
+
         root, source = self._course()
         sources = trusted.course_sources(source) if source is not None else None
         plan = trusted.make_plan(self.nb, trusted.seed_for(self.resources, root), sources)
-        verdicts = trusted.static_verdicts(plan)
-        for check in plan.checks:
-            if plan.tamper or check.name in verdicts:
-                continue  # already void: no need to run it
-            probe = NotebookNode(cell_type="code", source=check.source, metadata={}, outputs=[], execution_count=None)
-            fault = await self._run_extra(probe)
-            if fault is not None:
-                verdicts[check.name] = trusted.Outcome("the re-check did not finish: " + fault.split(". Grading")[0])
-                await self._fresh_kernel(clean)
-                continue
-            verdicts[check.name] = trusted.outcome(check, trusted.read_report(probe.outputs, check.name))
-        failed = trusted.apply(self.nb, plan, verdicts)
+        limits = trusted.Limits(piece=self.recheck_piece_timeout, total=self.recheck_timeout)
+        command = sandbox.recheck_command(self._sandboxed())
+        outcomes, flags = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: trusted.recheck(plan, command, limits))
+        failed, flagged = trusted.apply(self.nb, plan, outcomes)
         for index, reason in failed.items():
             self.log.warning("Trusted re-check failed for %s: %s",
                              self.nb.cells[index].metadata.get("nbgrader", {}).get("grade_id"), reason)
+        notes = sorted(set(flags) | {f for fs in flagged.values() for f in fs})
+        if notes and (self.resources or {}).get("nbgrader", {}).get("student"):
+            sanitize.add_note(self.log, self.resources, "FLAGGED for an instructor: " + "; ".join(notes[:5])
+                              + (f" (and {len(notes) - 5} more)" if len(notes) > 5 else ""))
 
     async def _kernel_info(self):
         msg_id = await _maybe_await(self.kc.kernel_info())
@@ -135,6 +167,10 @@ class RobustExecute(Execute):
 
     async def _run(self, cell, index) -> str | None:
         """Run one cell; return a description of the fault, or None."""
+        import time
+
+        if self._budget_end is not None:
+            self.timeout = max(1, min(self._cell_limit, int(self._budget_end - time.monotonic()) + 1))
         try:
             await self.async_execute_cell(cell, index, execution_count=self.code_cells_executed + 1)
         except DeadKernelError:

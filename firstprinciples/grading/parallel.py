@@ -166,13 +166,17 @@ def remove_socket_folder() -> None:
 
 class GraderBoundKernelManager(AsyncKernelManager):
     """``AsyncKernelManager`` whose kernels die with the process that started them, whose
-    ``ipc`` sockets live in a folder of that process's own (``socket_folder``), and whose
-    sandboxes' cgroups are removed once the kernel is gone."""
+    ``ipc`` sockets live in a folder of their own (inside this process's ``socket_folder``;
+    the only host folder a sandboxed kernel can write to, so one student's kernel never sees
+    another's files), removed with the kernel, and whose sandboxes' cgroups are removed once
+    the kernel is gone."""
 
     def __init__(self, **kw):
         super().__init__(**kw)
+        self._own_folder = None
         if self.transport == "ipc":
-            self.ip = os.path.join(socket_folder(), "kernel")
+            self._own_folder = tempfile.mkdtemp(prefix="kernel-", dir=socket_folder())
+            self.ip = os.path.join(self._own_folder, "kernel")
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
         # PR_SET_PDEATHSIG fires when the launching *thread* ends: only bind kernels started by
@@ -184,6 +188,8 @@ class GraderBoundKernelManager(AsyncKernelManager):
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart=restart)
+        if not restart and self._own_folder:
+            shutil.rmtree(self._own_folder, ignore_errors=True)  # whatever the kernel left there
         # A kernel shut down at once (c.Execute.shutdown_kernel = "immediate") takes its
         # sandbox's launcher with it before the launcher can remove its (now empty) cgroups.
         sweep_cgroups()

@@ -1,51 +1,49 @@
-"""The sandbox side of the trusted re-check: runs one probe in the student's kernel.
+"""Running one probe on a notebook's object, watched: the core of the re-check's runner.
 
-The trusted grader sends one cell per probe::
-
-    __import__("firstprinciples.grading.runtime", fromlist=["run_probe"]).run_probe(globals(), '<json>')
-
-with the probe's name and its encoded cases. ``run_probe`` looks the object up
-in the notebook's namespace, runs the probe's ``run`` on every case while
-watching for forbidden built-ins, and prints one line: a marker followed by the
-encoded results. Nothing here is trusted: the grader only reads plain data back
-and compares it with its own reference results.
+``report(namespace, name, cases)`` looks the probe's object up in ``namespace``,
+runs the probe's ``run`` on every case inside a ``observe.Watch`` (forbidden
+built-ins, switched-off observers, threads) and returns plain data only (``wire``).
+It runs in the re-check's fresh interpreter (``recheck``) and, for the tests of
+the probes, in the test process itself (``trusted.local_verdicts``).
 """
 from __future__ import annotations
 
-import json
-import sys
+import gc
 
 MARK = "@@fp-trusted-probe@@"
+_gc_disable, _gc_enable, _gc_isenabled = gc.disable, gc.enable, gc.isenabled
 
 
-def report(namespace: dict, name: str, cases: list) -> dict:
+def report(namespace: dict, name: str, cases: list, codes: dict | None = None) -> dict:
     """Run probe ``name`` on ``namespace[name]`` for every encoded case: plain data only."""
-    from .. import guard
-    from . import probes, wire
+    from . import observe, probes, wire
 
     probe = probes.load()[name]
     if name not in namespace:
         return {"name": name, "missing": True}
     obj = namespace[name]
+    watch = probe.watch()
+    codes = observe.forbidden_python(watch["torch_patterns"], watch["pieces"]) if codes is None else codes
     results = []
     for enc in cases:
         case = probes.decode_case(enc)
-        with guard.forbid(**probe.watch()) as hits:
-            try:
-                out = probe.run(obj, case)
-                entry = {"outputs": {k: wire.encode(v) for k, v in out.items()}}
-            except (Exception, SystemExit) as e:  # the answer's fault: reported, graded 0
-                entry = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
-        entry["hits"] = sorted(set(hits))
+        was_enabled = _gc_isenabled()
+        _gc_disable()  # no __del__ of student objects runs outside a watched window
+        kept = []
+        try:
+            with observe.Watch(watch["torch_patterns"], watch["pieces"], codes) as seen:
+                try:
+                    out = probe.run(obj, case, namespace) if getattr(probe, "needs", ()) else probe.run(obj, case)
+                    kept.append(out)
+                    entry = {"outputs": {k: wire.encode(v) for k, v in out.items()}}
+                except (Exception, SystemExit) as e:  # the answer's fault: reported, graded 0
+                    entry = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+                gc.collect()  # finalisers of this case's objects run now, watched
+        finally:
+            if was_enabled:
+                _gc_enable()
+        entry["hits"] = sorted({(str(w), str(l) if l else "") for w, l in seen.hits})
+        entry["tampered"] = sorted(set(seen.tampered))
+        entry["threads"] = sorted(set(seen.threads))[:5]
         results.append(entry)
     return {"name": name, "results": results}
-
-
-def run_probe(namespace: dict, spec_text: str) -> None:
-    """The probe cell's entry point: print the marker and the report as one JSON line."""
-    from . import wire
-
-    spec = json.loads(spec_text)
-    out = report(namespace, spec["name"], spec["cases"])
-    sys.stdout.write("\n" + MARK + wire.dumps(out) + "\n")
-    sys.stdout.flush()

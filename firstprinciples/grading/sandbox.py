@@ -132,8 +132,9 @@ def set_rlimits(controllers: list[str]) -> None:
         cap(resource.RLIMIT_NPROC, PIDS)
 
 
-def bwrap_command(connection_file: str, socket_dir: str, kernel_argv: list[str]) -> list[str]:
-    connection_file = os.path.realpath(connection_file)
+def bwrap_command(kernel_argv: list[str], binds: list[str] = (), ro_binds: list[str] = ()) -> list[str]:
+    """The bubblewrap command that runs ``kernel_argv`` in the sandbox, with the host
+    folders ``binds`` (writable) and files ``ro_binds`` (read-only) visible at their paths."""
     pkg = str(package_dir())
     cmd = ["bwrap", "--unshare-all", "--uid", "65534", "--gid", "65534", "--die-with-parent", "--new-session",
            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
@@ -143,39 +144,27 @@ def bwrap_command(connection_file: str, socket_dir: str, kernel_argv: list[str])
     for d in python_dirs():
         cmd += ["--ro-bind", d, d]
     cmd += ["--ro-bind", pkg, pkg]  # the course package, not the rest of the course folder
-    cmd += ["--bind", socket_dir, socket_dir]  # the kernel's sockets
-    cmd += ["--ro-bind", connection_file, connection_file]
+    for d in binds:
+        cmd += ["--bind", d, d]
+    for f in ro_binds:
+        cmd += ["--ro-bind", f, f]
     cmd += ["--chdir", "/tmp", "--clearenv"]
     for k in KEEP_ENV:
         if k in os.environ:
             cmd += ["--setenv", k, os.environ[k]]
     cmd += ["--setenv", "HOME", "/tmp", "--setenv", "IPYTHONDIR", "/tmp/.ipython",
             "--setenv", "MPLCONFIGDIR", "/tmp/.matplotlib", "--setenv", "JUPYTER_RUNTIME_DIR", "/tmp",
-            "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "FP_SANDBOXED", "1", "--"]
+            "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "FP_SANDBOXED", "1",
+            "--setenv", "KINETO_LOG_LEVEL", "5", "--"]
     return cmd + kernel_argv
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-f", dest="connection_file", required=True)
-    args = parser.parse_args(argv)
-    with open(args.connection_file) as f:
-        info = json.load(f)
-    if info.get("transport") != "ipc" or not os.path.isabs(info.get("ip", "")):
-        sys.exit("the sandboxed kernel needs the ipc transport with an absolute ip: set "
-                 "c.AsyncKernelManager.transport = 'ipc' and c.AsyncKernelManager.ip (nbgrader_config.py does)")
-    socket_dir = os.path.dirname(info["ip"])
-    if socket_dir in ("/", "/tmp") or not os.path.isdir(socket_dir):
-        sys.exit(f"the kernel's socket folder {socket_dir!r} must be a private, existing folder")
-    if shutil.which("bwrap") is None:
-        sys.exit("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+def run_sandboxed(cmd: list[str]) -> None:
+    """Cap this process (cgroups, else rlimits), then run ``cmd`` in it; exits with its status."""
     name = f"fp-sandbox-{uuid.uuid4().hex[:12]}"
     controllers = enter_cgroups(name)
     set_rlimits(controllers)
     groups = [CGROUP_ROOT / c / name for c in controllers]
-    kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", args.connection_file,
-              "--HistoryManager.hist_file=:memory:"]
-    cmd = bwrap_command(args.connection_file, socket_dir, kernel)
     if not groups:
         os.execvp(cmd[0], cmd)
     # With cgroups, stay as the parent so that the (empty) groups can be removed afterwards.
@@ -192,6 +181,41 @@ def main(argv=None) -> None:
         except OSError:
             pass
     sys.exit(code)
+
+
+def recheck_command(sandboxed: bool = True) -> list[str]:
+    """How the grader starts the trusted re-check's runner (``firstprinciples.grading.recheck``):
+    in the sandbox (its own caps, no socket folder: it talks over standard input and output),
+    or as a plain process where there is no sandbox (a student's own check)."""
+    runner = [sys.executable, "-m", "firstprinciples.grading.recheck"]
+    if not sandboxed:
+        return runner
+    return [sys.executable, "-m", "firstprinciples.grading.sandbox", "--recheck"]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-f", dest="connection_file")
+    parser.add_argument("--recheck", action="store_true", help="run the trusted re-check's runner instead of a kernel")
+    args = parser.parse_args(argv)
+    if shutil.which("bwrap") is None:
+        sys.exit("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+    if args.recheck:
+        run_sandboxed(bwrap_command([sys.executable, "-m", "firstprinciples.grading.recheck"]))
+    if not args.connection_file:
+        parser.error("-f CONNECTION_FILE is required")
+    with open(args.connection_file) as f:
+        info = json.load(f)
+    if info.get("transport") != "ipc" or not os.path.isabs(info.get("ip", "")):
+        sys.exit("the sandboxed kernel needs the ipc transport with an absolute ip: set "
+                 "c.AsyncKernelManager.transport = 'ipc' and c.AsyncKernelManager.ip (nbgrader_config.py does)")
+    socket_dir = os.path.dirname(info["ip"])
+    if socket_dir in ("/", "/tmp") or not os.path.isdir(socket_dir):
+        sys.exit(f"the kernel's socket folder {socket_dir!r} must be a private, existing folder")
+    kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", args.connection_file,
+              "--HistoryManager.hist_file=:memory:"]
+    connection_file = os.path.realpath(args.connection_file)
+    run_sandboxed(bwrap_command(kernel, binds=[socket_dir], ro_binds=[connection_file]))
 
 
 if __name__ == "__main__":

@@ -1,31 +1,43 @@
 """Verdicts that no student code can forge: the trusted half of grading.
 
-nbgrader scores a test cell by whether it raised inside the student's kernel,
-and the student's code runs first in that kernel: it can patch numpy, torch or
-the checks, strip ``assert`` statements with an input transformer, return a
-tensor subclass that claims to equal anything, or read the hidden tests. So a
-point here needs two things:
+nbgrader scores a test cell by what the student's kernel printed, and the
+student's code runs first in that kernel: it can patch numpy, torch or the
+checks, rebind ``checks``, print a value that nbgrader takes for a score, or read
+the hidden tests. So the kernel's verdict can only take points away: a point
+needs both
 
-1. the test cell passed in the kernel (the visible and hidden checks, with
-   their explanations for the student), and
-2. the *trusted re-check* of every graded object the test cell uses passes.
+1. the test cell passed in the kernel (the visible and hidden checks, with their
+   explanations for the student), and
+2. the *trusted re-check* of every graded piece the test cell uses passed.
 
 The trusted re-check (``RobustExecute`` runs it after the last cell):
 
-- ``scan``: the grader reads the student's cells as text before trusting any
-  result: code that reaches into the grading machinery voids every verdict of
-  the notebook; a forbidden built-in voids the verdict of its piece;
-- for each probe (``firstprinciples.grading.probes``), fresh inputs are drawn in
-  the grader from a secret seed (an HMAC of a course secret that the sandbox
-  cannot read, the student, the assignment and the notebook: unknown to the
-  student, the same on every re-run); one probe cell runs in the student's
-  kernel and prints its results as plain data (JSON; tensors as dtype, shape and
-  bytes); the grader runs the same probe on the reference, in its own process,
-  and compares: exact type, dtype, shape, ``requires_grad``, the positions of
-  NaN and infinities, and the values within the tolerance of the dtype;
-- a test cell that passed in the kernel but whose objects fail the re-check
-  gets an error output ``TrustedCheckFailed`` with the reason: nbgrader then
-  scores it 0 and the feedback says why.
+- **a fresh interpreter** (``recheck``, sandboxed like the kernel) loads only the
+  code the graded pieces depend on: the course's setup cells as the instructor
+  wrote them and the student cells that define the pieces and, transitively, what
+  they use (``scan.dependencies``). Test cells never run there, nor any other
+  cell: a cell the student added cannot change a verdict (a piece that fails
+  with only its dependencies is tried once more with every non-test cell, so a
+  dependency that the name analysis missed costs nothing);
+- **secret inputs**: each piece is called on fresh inputs drawn here from a seed
+  (an HMAC of a course secret that the sandbox cannot read, the student, the
+  assignment and the notebook: unknown to the student, the same on every re-run);
+  they never enter the student's kernel, the notebook or the feedback;
+- **behaviour, watched** (``observe``): every case runs in a window in which
+  torch's operators (every thread), Python calls by code and torch functions by
+  name are recorded; a forbidden built-in that runs there costs the case, with
+  the cell and line; an observer switched off is seen by its missing canary and
+  costs the case too; what a cell or a call changed in torch, numpy, the course's
+  modules, builtins or the interpreter's hooks is flagged for the instructor
+  (and costs the piece when it is the grader's own tools);
+- **plain data back** (``wire``): the runner prints one line per piece (exact
+  type, dtype, shape, bytes; no pickle); the grader runs the same probe on the
+  course's reference in its own process and compares. A malformed, duplicated or
+  missing report fails the piece; it never stops grading;
+- **the verdict is final** (``apply``): each test cell's outputs are rewritten so
+  that nbgrader can only score what was decided here: the re-check's failure comes
+  first, a value the cell displayed is no longer a score, and a warning printed to
+  stderr no longer costs the cell.
 """
 from __future__ import annotations
 
@@ -35,6 +47,10 @@ import json
 import math
 import os
 import secrets
+import selectors
+import signal
+import subprocess
+import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +64,9 @@ from .runtime import MARK
 FAILED = "TrustedCheckFailed"
 SECRET_FILE = ".fp_grading_secret"  # in the course root; never inside a sandbox
 DEFAULT_TOLERANCE = {"float32": (1e-5, 1e-4), "float64": (1e-10, 1e-8), "float16": (1e-2, 1e-2)}
+# changes to these mean the grader's own tools were touched: what they observed cannot be trusted
+MACHINERY = ("firstprinciples.grading", "firstprinciples.guard", "torch.autograd.profiler", "torch.profiler",
+             "sys.", "builtins.__import__", "builtins.exec", "builtins.compile")
 
 
 # ---------------------------------------------------------------- seeds
@@ -80,19 +99,15 @@ class Check:
     name: str
     probe: probes.Probe
     cases: list
-    source: str  # the probe cell sent to the kernel
     expected: list = field(default_factory=list)  # the reference's encoded results, per case
 
 
 @dataclass
 class Plan:
     checks: list
-    scan: scan.ScanResult
+    infos: list  # scan.CellInfo of every code cell
     graded: dict  # grade cell index -> names of probed objects it uses
-
-    @property
-    def tamper(self) -> list:
-        return self.scan.tamper
+    nb: object = None
 
 
 def grade_cell_names(nb, known) -> dict:
@@ -107,48 +122,263 @@ def grade_cell_names(nb, known) -> dict:
     return out
 
 
-def probe_source(name: str, cases_encoded: list) -> str:
-    spec = json.dumps(wire.dumps({"name": name, "cases": cases_encoded}))
-    return ('__import__("firstprinciples.grading.runtime", fromlist=["run_probe"])'
-            f".run_probe(globals(), {spec})")
-
-
 def make_plan(nb, seed: int, course_sources: set | None = None) -> Plan:
     registry = probes.load()
-    result = scan.scan(nb, course_sources)
+    infos = scan.cell_infos(nb, course_sources)
     graded = grade_cell_names(nb, registry)
     names = sorted({n for ns in graded.values() for n in ns})
     checks = []
     for name in names:
         probe = registry[name]
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-        cases = probe.cases(rng)
-        encoded = [probes.encode_case(c) for c in cases]
-        checks.append(Check(name, probe, encoded, probe_source(name, encoded)))
-    return Plan(checks, result, graded)
+        checks.append(Check(name, probe, [probes.encode_case(c) for c in probe.cases(rng)]))
+    return Plan(checks, infos, graded, nb)
 
 
 def reference_results(check: Check) -> list:
     """The reference's results on the check's cases, computed here (in the trusted grader)."""
     out = []
     for enc in check.cases:
-        res = check.probe.run(check.probe.reference, probes.decode_case(enc))
+        case = probes.decode_case(enc)
+        if getattr(check.probe, "needs", ()):
+            res = check.probe.run(check.probe.reference, case, probes.reference_namespace(check.probe))
+        else:
+            res = check.probe.run(check.probe.reference, case)
         out.append({k: wire.encode(v) for k, v in res.items()})
     return out
 
 
-# ---------------------------------------------------------------- reading the kernel's report
-def read_report(outputs, name: str) -> dict | None:
-    text = "".join(o.get("text", "") for o in outputs
-                   if o.get("output_type") == "stream" and o.get("name") == "stdout")
-    for line in reversed(text.splitlines()):
-        if line.startswith(MARK):
-            try:
-                report = wire.loads(line[len(MARK):])
-            except (ValueError, wire.WireError):
-                return None
-            return report if isinstance(report, dict) and report.get("name") == name else None
-    return None
+def job_cells(plan: Plan, names, everything: bool = False) -> list:
+    """The cells the re-check loads for ``names``, in notebook order, as plain Python:
+    the non-test cells they depend on (``everything``: every non-test cell)."""
+    candidates = [c for c in plan.infos if c.index not in plan.graded and c.tree is not None]
+    if everything:
+        chosen = candidates
+    else:
+        picked = {c.index for n in names for c in scan.dependencies(candidates, n)}
+        chosen = [c for c in candidates if c.index in picked]
+    return [{"label": c.label, "source": c.python} for c in chosen]
+
+
+# ---------------------------------------------------------------- running the re-check
+@dataclass
+class Limits:
+    load: float = 120.0  # seconds to load the cells (the capstone trains its model there: ~10 s)
+    piece: float = 45.0  # seconds for one piece's cases
+    total: float = 300.0  # seconds for the whole re-check of a notebook
+    output: int = 64 * 2**20  # bytes of report at most
+
+
+def run_runner(command: list, cells: list, checks: list, limits: Limits, deadline: float) -> tuple[dict, dict]:
+    """Run one re-check runner; return (loaded event or {}, name -> piece event or a failure reason str)."""
+    nonce = secrets.token_hex(16)
+    job = {"nonce": nonce, "cells": cells, "pieces": [{"name": c.name, "cases": c.cases} for c in checks]}
+    prefix = MARK + nonce
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    results: dict = {}
+    loaded: dict = {}
+    pending = [c.name for c in checks]
+    try:
+        try:
+            proc.stdin.write(json.dumps(job).encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        buf, size = b"", 0
+        step_started, phase_limit = time.monotonic(), limits.load
+        done = False
+        while not done:
+            now = time.monotonic()
+            left = min(step_started + phase_limit, deadline) - now
+            if left <= 0:
+                what = "loading your code" if not loaded else f"{pending[0]} (over {phase_limit:g} s)"
+                if now >= deadline:
+                    what += "; the re-check of this notebook ran out of time"
+                for n in pending[:1] if loaded else pending:
+                    results[n] = f"the re-check did not finish {what}"
+                break
+            if not sel.select(timeout=min(left, 1.0)):
+                continue
+            chunk = os.read(proc.stdout.fileno(), 1 << 16)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > limits.output:
+                for n in pending:
+                    results[n] = "the re-check's report was larger than the grader accepts"
+                break
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for raw in lines:
+                line = raw.decode("utf-8", "replace")
+                if not line.startswith(prefix):
+                    continue
+                try:
+                    event = wire.loads(line[len(prefix):])
+                except (ValueError, wire.WireError):
+                    continue
+                if not isinstance(event, dict):
+                    continue
+                kind = event.get("event")
+                if kind == "loaded" and not loaded:
+                    loaded = event
+                elif kind == "piece" and isinstance(event.get("name"), str):
+                    name = event["name"]
+                    if name in results:
+                        results[name] = "the re-check reported this piece twice (its report was forged)"
+                    elif name in pending:
+                        results[name] = event
+                        pending.remove(name)
+                elif kind == "done":
+                    done = True
+                step_started, phase_limit = time.monotonic(), limits.piece
+    finally:
+        _kill(proc)
+    for n in pending:
+        results.setdefault(n, "the re-check ended before it reported this piece (it crashed or was killed)")
+    return loaded, results
+
+
+def _kill(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.kill()
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    for f in (proc.stdout, proc.stdin):
+        try:
+            if f:
+                f.close()
+        except OSError:
+            pass
+
+
+def recheck(plan: Plan, command: list, limits: Limits | None = None) -> tuple[dict, list]:
+    """Run the re-check of every piece of the plan; return (name -> Outcome, notebook flags)."""
+    limits = limits or Limits()
+    deadline = time.monotonic() + limits.total
+    outcomes: dict = {}
+    flags: list = []
+    todo = list(plan.checks)
+    for everything in (False, True):
+        runs = 0
+        while todo and time.monotonic() < deadline and runs < len(plan.checks) + 1:
+            runs += 1
+            cells = job_cells(plan, [c.name for c in todo], everything)
+            loaded, results = run_runner(command, cells, todo, limits, deadline)
+            context = _load_context(loaded)
+            for change in (loaded.get("changes") or []) if isinstance(loaded, dict) else []:
+                flags.extend(_change_flags(change))
+            machinery = [f for f in flags if f.startswith("!")]
+            rest = []
+            for check in todo:
+                res = results.get(check.name)
+                if isinstance(res, dict):
+                    found = outcome(check, res, machinery)
+                elif res is None:
+                    rest.append(check)  # not reached: the runner stopped at an earlier piece
+                    continue
+                else:
+                    found = Outcome(res)
+                found.context = context
+                if everything and check.name in outcomes and _failing(plan, check, found) >= _failing(
+                        plan, check, outcomes[check.name]):
+                    continue  # no better with every cell: keep the first verdict
+                outcomes[check.name] = found
+            todo = rest
+        if not everything:
+            # pieces that failed for a reason other than what their code did wrong on purpose get one more try
+            todo = [c for c in plan.checks if c.name in outcomes and outcomes[c.name].retry()]
+    for check in todo:
+        outcomes.setdefault(check.name, Outcome("the re-check of this notebook ran out of time"))
+    return outcomes, sorted(set(f.lstrip("!") for f in flags))
+
+
+def _failing(plan: Plan, check: Check, found: Outcome) -> int:
+    """How many test cells this outcome fails."""
+    n = 0
+    for index, names in plan.graded.items():
+        if check.name in names:
+            grade_id = plan.nb.cells[index].get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+            n += bool(found.reason(check, check.probe.cells.get(grade_id, probes.Aspect())))
+    return n
+
+
+def _load_context(loaded: dict) -> str:
+    errors = loaded.get("errors") if isinstance(loaded, dict) else None
+    if not isinstance(errors, list) or not errors:
+        return ""
+    parts = [f"{e.get('cell')} raised {e.get('error')}" for e in errors[:3] if isinstance(e, dict)]
+    return "; while loading your code, " + "; ".join(parts)
+
+
+def _change_flags(change) -> list:
+    if not isinstance(change, dict):
+        return []
+    cell = str(change.get("cell", "a cell"))
+    out = []
+    for what in change.get("changes") or []:
+        what = str(what)
+        mark = "!" if what.startswith(MACHINERY) else ""
+        out.append(f"{mark}{cell} changes the shared code: {what}")
+    return out
+
+
+def outcome(check: Check, report: dict, machinery: list = ()) -> Outcome:
+    """Collect the runner's report next to the reference's results, case by case. Any
+    malformed part fails (as a reason), never raises."""
+    try:
+        return _outcome(check, report, machinery)
+    except Exception as e:  # forged or broken report
+        return Outcome(f"the re-check's result could not be read ({type(e).__name__})")
+
+
+def _outcome(check: Check, report: dict, machinery) -> Outcome:
+    if machinery:
+        return Outcome(f"the grader's own tools were changed ({machinery[0].lstrip('!')}), so your code could not be "
+                       "re-checked", flags=[m.lstrip("!") for m in machinery])
+    if report.get("missing"):
+        return Outcome(f"{check.name} is not defined when the code it needs has run")
+    if report.get("broken"):
+        return Outcome(f"the re-check was broken by the code it ran ({str(report['broken'])[:200]})",
+                       flags=[f"{check.name}: the re-check's runner was broken while it ran this piece"])
+    results = report.get("results")
+    if not isinstance(results, list) or len(results) != len(check.cases):
+        return Outcome("the re-check's result is incomplete")
+    if check.probe.judge is None and not check.expected:
+        check.expected = reference_results(check)
+    flags = [f"{check.name}: {c}" for c in (report.get("changes") or [])[:5]]
+    found = []
+    for i, res in enumerate(results):
+        if not isinstance(res, dict):
+            found.append({"error": "unreadable result"})
+            continue
+        hits = [h for h in res.get("hits") or [] if isinstance(h, list) and len(h) == 2]
+        tampered = [str(t) for t in res.get("tampered") or []]
+        threads = [str(t) for t in res.get("threads") or []]
+        if threads:
+            flags.append(f"{check.name}: {threads[0]} (operators there are watched, Python calls are not)")
+        if tampered:
+            flags.append(f"{check.name}: {tampered[0]}")
+            found.append({"error": f"the grader could not watch your code: {tampered[0]}", "tamper": True})
+        elif hits:
+            located = next((h for h in hits if h[1]), None)
+            names = sorted({str(h[0]) for h in hits}, key=lambda n: (n.startswith(("aten::", "autograd::")), n))
+            where = f" ({located[1]})" if located else ""
+            found.append({"error": f"it calls {located[0] if located else names[0]}{where}, a built-in this piece "
+                                   f"must not use", "forbidden": True})
+        elif not isinstance(res.get("outputs"), dict):
+            found.append({"error": f"it raised {str(res.get('error', '?'))[:300]}"})
+        else:
+            found.append({"got": res["outputs"], "want": check.expected[i] if check.expected else None})
+    return Outcome(None, found, sorted(set(flags)))
 
 
 # ---------------------------------------------------------------- comparison
@@ -228,6 +458,15 @@ class Outcome:
     the case failed outright)."""
     overall: str | None = None
     cases: list = field(default_factory=list)  # per case: {"error": reason} or {"got": ..., "want": ...}
+    flags: list = field(default_factory=list)  # what an instructor should look at (graded on behaviour)
+    context: str = ""  # what went wrong while loading the code, shown with a failure
+
+    def retry(self) -> bool:
+        """Worth a second try with every non-test cell loaded: the piece was missing or raised
+        (perhaps a dependency the name analysis did not see), not caught doing something."""
+        if self.overall:
+            return "not defined" in self.overall or "incomplete" in self.overall
+        return any("error" in c and not c.get("forbidden") and not c.get("tamper") for c in self.cases)
 
     def reason(self, check: Check, aspect: probes.Aspect) -> str | None:
         if self.overall:
@@ -236,7 +475,10 @@ class Outcome:
             tags = set(wire.scalar(t) for t in enc["tags"]["items"]) if "tags" in enc else set()
             if aspect.tags is not None and not (tags & aspect.tags):
                 continue
-            why = found.get("error") or judge_case(check, aspect, enc, found["got"], found.get("want"))
+            try:
+                why = found.get("error") or judge_case(check, aspect, enc, found["got"], found.get("want"))
+            except Exception as e:  # a malformed result (wrong types): it fails, it never stops grading
+                why = f"its result could not be read ({type(e).__name__})"
             if why:
                 return f"on {_label(enc, i)}: {why}"
         return None
@@ -263,88 +505,65 @@ def judge_case(check: Check, aspect: probes.Aspect, enc: dict, got: dict, want: 
     return None
 
 
-def outcome(check: Check, report: dict | None) -> Outcome:
-    """Collect the kernel's report next to the reference's results, case by case."""
-    if report is None:
-        return Outcome("the re-check produced no readable result (the object's output was lost or cut)")
-    if report.get("missing"):
-        return Outcome(f"{check.name} is not defined when the notebook has run")
-    results = report.get("results")
-    if not isinstance(results, list) or len(results) != len(check.cases):
-        return Outcome("the re-check's result is incomplete")
-    if check.probe.judge is None and not check.expected:
-        check.expected = reference_results(check)
-    found = []
-    for i, res in enumerate(results):
-        if not isinstance(res, dict):
-            found.append({"error": "unreadable result"})
-        elif res.get("hits"):
-            found.append({"error": f"it calls {', '.join(map(str, res['hits'][:3]))}, which this piece must not use"})
-        elif not isinstance(res.get("outputs"), dict):
-            found.append({"error": f"it raised {str(res.get('error', '?'))[:300]}"})
-        else:
-            found.append({"got": res["outputs"], "want": check.expected[i] if check.expected else None})
-    return Outcome(None, found)
-
-
 # ---------------------------------------------------------------- verdicts into the notebook
-def _failed(cell) -> bool:
-    return any(o.get("output_type") == "error" for o in cell.get("outputs", []))
-
-
 def failure_output(reason: str) -> NotebookNode:
     text = (f"The trusted re-check (run by the grader outside your notebook, on new inputs) failed: {reason}. "
             "This test scores 0.")
     return NotebookNode(output_type="error", ename=FAILED, evalue=text, traceback=[f"\x1b[0;31m{FAILED}\x1b[0m: {text}"])
 
 
-def apply(nb, plan: Plan, outcomes: dict) -> dict:
-    """Fail every test cell that uses an object that failed the re-check for what the cell
-    grades (or any test cell, if the notebook tampers); a cell that already failed in the
-    kernel gets the reason too, for the feedback. Returns grade cell index -> reason."""
-    failed = {}
-    tamper = plan.tamper
+def note_output(text: str) -> NotebookNode:
+    return NotebookNode(output_type="stream", name="stdout",
+                        text=f"Note from the grader: {text}. This test was graded on what your code does; "
+                             "an instructor will look at it.\n")
+
+
+def _neutral(output) -> NotebookNode:
+    """An output that nbgrader cannot read as a score: a displayed value stays visible but is
+    no longer a partial grade, and stderr (a warning) no longer fails the cell."""
+    if output.get("output_type") == "execute_result":
+        return NotebookNode(output_type="display_data", data=output.get("data", {}), metadata=output.get("metadata", {}))
+    if output.get("output_type") == "stream" and output.get("name") == "stderr":
+        return NotebookNode(output_type="stream", name="stdout", text=output.get("text", ""))
+    return output
+
+
+def apply(nb, plan: Plan, outcomes: dict) -> tuple[dict, dict]:
+    """Make the verdict final in every test cell: the re-check's failure first, the kernel's
+    own errors kept (a test that failed in the kernel still scores 0), nothing else that
+    nbgrader could score. Returns (grade cell index -> reason, grade cell index -> flags)."""
+    failed, flagged = {}, {}
     checks = {c.name: c for c in plan.checks}
     for index, names in plan.graded.items():
         cell = nb.cells[index]
         grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
-        reason = None
-        if tamper:
-            f = tamper[0]
-            more = f" (and {len(tamper) - 1} more)" if len(tamper) > 1 else ""
-            reason = f"{f.describe(plan.scan.label(f))}{more}"
-        else:
-            for name in names:
-                found = outcomes.get(name)
-                aspect = checks[name].probe.cells.get(grade_id, probes.Aspect())
-                why = found.reason(checks[name], aspect) if found else "it was not re-checked"
-                if why:
-                    reason = f"{name}: {why}"
-                    break
+        reason, flags = None, []
+        for name in names:
+            found = outcomes.get(name)
+            flags += found.flags if found else []
+            aspect = checks[name].probe.cells.get(grade_id, probes.Aspect())
+            why = found.reason(checks[name], aspect) if found else "it was not re-checked"
+            if why and reason is None:
+                reason = f"{name}: {why}{found.context if found else ''}"
+        outputs = [_neutral(o) for o in cell.get("outputs", [])]
         if reason:
-            cell.setdefault("outputs", []).append(failure_output(reason))
+            outputs.insert(0, failure_output(reason))
             failed[index] = reason
-    return failed
-
-
-def static_verdicts(plan: Plan) -> dict:
-    """Reasons from the scan alone (forbidden built-ins, local escapes), by object name."""
-    out = {}
-    for check in plan.checks:
-        patterns = check.probe.watch()["torch_patterns"]
-        found = plan.scan.findings_for(check.name, patterns)
-        if found:
-            f = found[0]
-            out[check.name] = Outcome(f.describe(plan.scan.label(f)))
-    return out
+        flags = sorted(set(flags))
+        if flags:
+            outputs.append(note_output("; ".join(flags[:3]) + (f" (and {len(flags) - 3} more)" if len(flags) > 3 else "")))
+            flagged[index] = flags
+        cell["outputs"] = outputs
+    return failed, flagged
 
 
 def local_verdicts(nb, namespace: dict, seed: int = 0, sources: set | None = None) -> dict:
     """Per test cell (grade_id): the trusted re-check's reason for failing it, or None.
 
-    The probes run in this process on the objects of ``namespace`` instead of in a
-    kernel (for tests of the probes); results still go through the wire format.
-    The in-kernel outcome is ignored: every test cell is treated as passed.
+    The probes run in this process on the objects of ``namespace`` instead of in the
+    re-check's runner (for tests of the probes); results still go through the wire
+    format and the same watch. The in-kernel outcome is ignored: every test cell is
+    treated as passed.
     """
     import copy
 
@@ -355,11 +574,8 @@ def local_verdicts(nb, namespace: dict, seed: int = 0, sources: set | None = Non
         if cell.cell_type == "code":
             cell.outputs = []
     plan = make_plan(nb, seed, sources)
-    outcomes = static_verdicts(plan)
-    for check in plan.checks:
-        if check.name not in outcomes and not plan.tamper:
-            outcomes[check.name] = outcome(check, wire.loads(wire.dumps(report(namespace, check.name, check.cases))))
-    failed = apply(nb, plan, outcomes)
+    outcomes = {c.name: outcome(c, wire.loads(wire.dumps(report(namespace, c.name, c.cases)))) for c in plan.checks}
+    failed, _ = apply(nb, plan, outcomes)
     return {nb.cells[i].metadata["nbgrader"]["grade_id"]: failed.get(i) for i in plan.graded}
 
 
@@ -379,4 +595,4 @@ def course_sources(source_notebook: Path) -> set | None:
     return out
 
 
-__all__ = ["make_plan", "outcome", "Outcome", "apply", "static_verdicts", "seed_for", "course_sources", "read_report", "FAILED"]
+__all__ = ["make_plan", "recheck", "outcome", "Outcome", "apply", "seed_for", "course_sources", "FAILED", "Limits"]

@@ -1,0 +1,291 @@
+"""What a graded piece's code *does* while it is re-checked: the observers of the re-check.
+
+The trusted re-check (``recheck``) calls each graded piece on secret inputs in a
+fresh interpreter. While one case runs, ``Watch`` records, at three levels that a
+student's code cannot switch off without the switch being seen:
+
+- **torch's operators, in every thread**: the Kineto profiler (CPU activity,
+  ``profile_all_threads``) records every operator that reaches the dispatcher
+  (``aten::_softmax``, ``aten::scaled_dot_product_attention``, ``aten::rnn_tanh``,
+  ...), whatever Python spelling reached it: ``torch.softmax``, ``Tensor.softmax``,
+  ``F.softmax`` under another name, ``torch.ops.aten._softmax``, ``torch._C``
+  functions, a module that wraps the built-in, a call inside
+  ``torch._C.DisableTorchFunction()``, a thread, a ``__del__``, a patched encoder;
+- **Python functions by their code**: a profile hook (``sys.setprofile``) sees
+  every call of a forbidden Python function (``F.multi_head_attention_forward``,
+  ``nn.MultiheadAttention``, ``nn.Transformer.generate_square_subsequent_mask``,
+  the course's reference pieces), recognised by its bytecode and names, so a
+  copy of its code object under another name is still seen;
+- **torch functions by name, with the student's line**: a ``TorchFunctionMode``,
+  which also finds the cell and line of the call for the feedback.
+
+Each window starts with a marker and ends with a canary that all three observers
+must have seen in order: an observer that student code turned off, restarted or
+fooled misses one of them, and the case is void (``tampered``). Python threads
+alive during the window, and operators run from another thread, are reported too
+(``threads``): operators there are still seen, Python calls not, so the grader
+flags them for the instructor.
+
+``snapshot``/``changes`` detect tampering by its effect: what a cell or a call
+changed in torch, numpy, the course's modules, builtins and the interpreter's hooks.
+"""
+from __future__ import annotations
+
+import builtins
+import sys
+import threading
+from dataclasses import dataclass, field
+
+import torch
+from torch._C._profiler import _ExperimentalConfig
+from torch.autograd import (ProfilerActivity, ProfilerConfig, ProfilerState, _disable_profiler, _enable_profiler,
+                            _prepare_profiler)
+from torch.overrides import TorchFunctionMode, resolve_name
+
+CELL_PREFIX = "<cell "  # the filename under which the re-check compiles a notebook cell
+START_OP, END_OP = "aten::special_entr", "aten::special_erfcx"
+_CONFIG = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False,
+                         _ExperimentalConfig(profile_all_threads=True), "")
+_ACTIVITIES = {ProfilerActivity.CPU}
+# captured now, before any student code runs
+_setprofile, _getprofile, _current_frames, _get_ident = sys.setprofile, sys.getprofile, sys._current_frames, threading.get_ident
+_getframe = sys._getframe
+
+
+def _code_key(code):
+    return (code.co_code, code.co_names, code.co_varnames, code.co_argcount)
+
+
+def _canary():
+    """Called by the watch itself at the end of each window: the profile hook must see it."""
+    return None
+
+
+_CANARY_KEY = _code_key(_canary.__code__)
+
+
+def _functions(obj, depth=0):
+    """The Python functions of a function or a class (methods, unwrapped)."""
+    import types
+
+    out = []
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if isinstance(obj, types.FunctionType):
+        seen = 0
+        while isinstance(obj, types.FunctionType) and seen < 5:
+            out.append(obj)
+            obj = obj.__dict__.get("__wrapped__")
+            seen += 1
+        for f in list(out):  # the functions a decorator keeps in its closure (reference_piece)
+            for cell in f.__closure__ or ():
+                try:
+                    inner = cell.cell_contents
+                except ValueError:
+                    continue
+                if isinstance(inner, types.FunctionType) and inner not in out:
+                    out.append(inner)
+    elif isinstance(obj, type) and depth == 0:
+        for value in list(vars(obj).values()):
+            out.extend(_functions(value, 1))
+    return out
+
+
+def forbidden_python(torch_patterns=(), pieces=()) -> dict:
+    """Code key -> qualified name of every Python function that a piece must not call:
+    torch.nn's functions and classes whose qualified name holds one of ``torch_patterns``
+    and the course's reference pieces named in ``pieces``."""
+    import firstprinciples.reference as reference
+
+    out = {}
+    if torch_patterns:
+        for name, module in list(sys.modules.items()):
+            if module is None or not (name == "torch.functional" or name.startswith("torch.nn")):
+                continue
+            for attr, value in list(vars(module).items()):
+                for f in _functions(value):
+                    qual = f"{f.__module__}.{f.__qualname__}"
+                    if f.__module__ == name and any(p in qual for p in torch_patterns):
+                        out[_code_key(f.__code__)] = qual
+    for piece in pieces:
+        obj = getattr(reference, piece, None)
+        for f in _functions(obj) if obj is not None else ():
+            if f.__module__.startswith("firstprinciples.reference"):
+                out[_code_key(f.__code__)] = f"firstprinciples.reference.{piece}"
+    return out
+
+
+def where(frame) -> str | None:
+    """``cell 'softmax', line 3``: the innermost notebook cell on the stack, if any."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(CELL_PREFIX):
+            return f"{name[len(CELL_PREFIX):-1]}, line {frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+@dataclass
+class Seen:
+    hits: list = field(default_factory=list)  # (what, where or None), forbidden calls
+    tampered: list = field(default_factory=list)  # why the observation cannot be trusted
+    threads: list = field(default_factory=list)  # other threads that ran during the window
+
+
+class _Mode(TorchFunctionMode):
+    def __init__(self, patterns, seen: Seen):
+        super().__init__()
+        self.patterns, self.seen, self.marks = patterns, seen, set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = resolve_name(func) or getattr(func, "__name__", repr(func))
+        if name in ("torch.special.entr", "torch.special.erfcx"):
+            self.marks.add(name)
+        elif any(p in name for p in self.patterns):
+            self.seen.hits.append((name, where(_getframe(1))))
+        return func(*args, **(kwargs or {}))
+
+
+class Watch:
+    """``with Watch(torch_patterns, pieces) as seen:`` run one case; ``seen`` is complete
+    when the block ends. ``codes`` (from ``forbidden_python``) may be passed to share work."""
+
+    def __init__(self, torch_patterns=(), pieces=(), codes: dict | None = None):
+        self.patterns = tuple(torch_patterns)
+        self.codes = forbidden_python(self.patterns, pieces) if codes is None else codes
+        self.seen = Seen()
+
+    def _hook(self, frame, event, arg):
+        if event == "call":
+            key = _code_key(frame.f_code)
+            if key == _CANARY_KEY:
+                self._canary_seen = True
+            else:
+                qual = self.codes.get(key)
+                if qual is not None:
+                    self.seen.hits.append((qual, where(frame.f_back)))
+
+    def __enter__(self) -> Seen:
+        self._canary_seen = False
+        self._main = _get_ident()
+        self._threads_before = set(_current_frames()) - {self._main}
+        self._mode = _Mode(self.patterns, self.seen)
+        _prepare_profiler(_CONFIG, _ACTIVITIES)
+        _enable_profiler(_CONFIG, _ACTIVITIES)
+        self._mode.__enter__()
+        self._bound = self._hook
+        _setprofile(self._bound)
+        torch.special.entr(torch.zeros(1))
+        return self.seen
+
+    def __exit__(self, *exc) -> bool:
+        try:
+            torch.special.erfcx(torch.zeros(1))
+            _canary()
+        finally:
+            hook = _getprofile()
+            _setprofile(None)
+            try:
+                self._mode.__exit__(None, None, None)
+            except Exception as e:  # the mode stack was changed under it
+                self.seen.tampered.append(f"torch's function-mode stack was changed ({type(e).__name__})")
+            try:
+                events = _disable_profiler().events()
+            except Exception as e:  # pragma: no cover (no session: stopped by student code)
+                events = []
+                self.seen.tampered.append(f"the operator profiler was stopped ({type(e).__name__})")
+        self._judge(hook, events)
+        return False
+
+    def _judge(self, hook, events) -> None:
+        seen = self.seen
+        if hook is not self._bound or not self._canary_seen:
+            seen.tampered.append("the grader's profile hook was removed or replaced while your code ran")
+        if self._mode.marks != {"torch.special.entr", "torch.special.erfcx"}:
+            seen.tampered.append("torch's function hooks were switched off while your code ran")
+        names = []
+        main_tid = None
+        for e in events:
+            name = e.name()
+            if name == START_OP and main_tid is None:
+                main_tid = e.start_thread_id()
+            names.append((name, e.start_thread_id()))
+        ops = [n for n, _ in names]
+        if START_OP not in ops or END_OP not in ops or ops.index(START_OP) > len(ops) - 1 - ops[::-1].index(END_OP):
+            seen.tampered.append("torch's operator profiler was stopped or restarted while your code ran")
+        for name, tid in names:
+            if name in (START_OP, END_OP):
+                continue
+            if any(p.lower() in name.lower() for p in self.patterns):
+                seen.hits.append((name, None))
+            if main_tid is not None and tid != main_tid and "backward" not in name.lower():
+                seen.threads.append(f"torch's operator {name} ran in another thread")
+        others = (set(_current_frames()) | self._threads_before) - {self._main}
+        if others:
+            seen.threads.append(f"{len(others)} other Python thread(s) were alive while your code was graded")
+
+
+# ---------------------------------------------------------------- tampering by its effect
+WATCHED_ROOTS = ("torch", "numpy", "firstprinciples", "builtins", "math")
+HOOKS = ("displayhook", "excepthook", "breakpointhook", "unraisablehook")
+
+
+def _watched(name: str) -> bool:
+    return name.split(".")[0] in WATCHED_ROOTS
+
+
+def snapshot() -> dict:
+    """Identities of everything a student's code could replace to change what other code
+    computes: the attributes of every loaded torch, numpy, course and builtins module and of
+    the classes they define, and the interpreter's hooks. Keys: a module's name, or
+    ``(module, class name)`` for a class."""
+    state = {}
+    for name, module in list(sys.modules.items()):
+        d = getattr(module, "__dict__", None) if module is not None else None
+        if not isinstance(d, dict) or not _watched(name):
+            continue
+        state[name] = {k: id(v) for k, v in list(d.items())}
+        for k, v in list(d.items()):
+            if issubclass(type(v), type) and v.__dict__.get("__module__") == name:
+                state[(name, k)] = {a: id(b) for a, b in list(v.__dict__.items())}
+    hooks = {h: id(getattr(sys, h, None)) for h in HOOKS}
+    hooks.update(meta_path=hash(tuple(map(id, sys.meta_path))), path_hooks=hash(tuple(map(id, sys.path_hooks))),
+                 __import__=id(builtins.__import__))
+    state["sys"] = hooks
+    return state
+
+
+# modules whose attributes torch or numpy rebind themselves while they work (never a student's doing)
+VOLATILE = ("torch.nn.modules.module", "torch._tensor_str", "torch.random", "torch._C", "torch.overrides",
+            "torch.utils._python_dispatch", "torch.autograd.grad_mode", "torch.backends", "numpy.random",
+            "torch._dynamo", "torch.fx", "torch._guards", "torch._logging")
+
+
+def changes(before: dict, after: dict) -> list[str]:
+    """What was replaced, removed or added between two snapshots (``torch.exp was replaced``)."""
+    import types
+
+    out = []
+    for key, attrs in before.items():
+        module = key[0] if isinstance(key, tuple) else key
+        if module.startswith(VOLATILE):
+            continue
+        shown = ".".join(key) if isinstance(key, tuple) else key
+        now = after.get(key)
+        if now is None:
+            continue
+        for k, ident in attrs.items():
+            if k.startswith("__") and k.endswith("__") and key != "sys" and k not in ("__import__", "__build_class__"):
+                continue
+            if k not in now:
+                out.append(f"{shown}.{k} was removed")
+            elif now[k] != ident:
+                out.append(f"{shown}.{k} was replaced")
+        for k in now.keys() - attrs.keys():
+            if k.startswith("__") and k.endswith("__"):
+                continue
+            value = getattr(sys.modules.get(key), k, None) if isinstance(key, str) else None
+            if isinstance(value, types.ModuleType):  # a submodule imported (lazily)
+                continue
+            out.append(f"{shown}.{k} was added")
+    return out

@@ -1,0 +1,139 @@
+"""The trusted re-check's runner: a fresh interpreter that loads only the graded code.
+
+    python -m firstprinciples.grading.recheck      (the grader starts it, sandboxed)
+
+It reads one job (JSON) on standard input, before any student code runs: the
+cells to load, in notebook order (the course's setup cells as the instructor
+wrote them and the student cells that the graded pieces depend on, already turned
+into plain Python), the pieces to probe and their secret cases, and a nonce. Then:
+
+1. it imports torch, numpy and the probes, takes a ``snapshot`` of everything a
+   cell could replace, and moves the report channel (standard output) to a private
+   descriptor: whatever the student's code prints goes nowhere;
+2. it runs each cell in one namespace, as a kernel would (a cell that raises is
+   reported and the next one runs; magics run their code once or do nothing), and
+   records what each cell changed (``observe.changes``);
+3. it probes each piece (``runtime.report``: every case in its own watched window)
+   and writes one line per piece as soon as it is done, so that a piece that hangs
+   costs only itself (the grader kills the runner and starts another for the rest);
+4. it ends with ``os._exit``: no ``atexit`` handler or finaliser of the student's runs.
+
+Each line is ``MARK nonce JSON``. Nothing here is trusted: the grader reads plain
+data, refuses duplicates and malformed lines, and compares results with its own
+reference (``trusted``).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+_write, _exit, _dup, _dup2, _open, _fstat = os.write, os._exit, os.dup, os.dup2, os.open, os.fstat
+
+
+class Shell:
+    """The little of IPython that a cell's Python needs (``%time``, ``%timeit``, ``!ls``)."""
+
+    RUN_ONCE = ("time", "timeit", "prun", "capture", "writefile_not")
+
+    def __init__(self, namespace):
+        self.user_ns = namespace
+
+    def _run(self, code: str):
+        exec(compile(code, "<magic>", "exec"), self.user_ns)
+
+    def run_line_magic(self, name, line, _stack_depth=1):
+        if name in self.RUN_ONCE:
+            self._run(_strip_options(line))
+        return None
+
+    def run_cell_magic(self, name, line, cell):
+        if name in self.RUN_ONCE:
+            self._run(cell)
+        return None
+
+    def system(self, *_a, **_k):
+        return None
+
+    def getoutput(self, *_a, **_k):
+        return []
+
+    def __getattr__(self, name):  # anything else a cell asks of the shell does nothing
+        return lambda *a, **k: None
+
+
+def _strip_options(line: str) -> str:
+    """``-n 10 -r 3 f(x)`` -> ``f(x)`` (the options of %time and %timeit)."""
+    parts = line.strip().split()
+    i = 0
+    while i < len(parts) and parts[i].startswith("-"):
+        i += 1
+        if i < len(parts) and parts[i - 1] in ("-n", "-r", "-p", "-o") and parts[i].isdigit():
+            i += 1
+    return " ".join(parts[i:]) if i else line
+
+
+def main() -> None:
+    import builtins
+    import json
+
+    import torch  # noqa: F401 (imported before any student code)
+
+    from . import observe, probes, runtime, wire
+
+    job = json.loads(sys.stdin.buffer.read())
+    nonce = str(job["nonce"])
+    out = _dup(1)
+    null = _open(os.devnull, os.O_RDWR)
+    _dup2(null, 0)
+    _dup2(null, 1)
+    sys.stdout = sys.stderr = open(os.devnull, "w")
+    out_id = (_fstat(out).st_dev, _fstat(out).st_ino)
+
+    def send(event: dict) -> None:
+        st = _fstat(out)
+        if (st.st_dev, st.st_ino) != out_id:
+            _exit(3)  # the report channel was replaced: say nothing more
+        data = ("\n" + runtime.MARK + nonce + wire.dumps(event) + "\n").encode()
+        while data:
+            data = data[_write(out, data):]
+
+    registry = probes.load()
+    watches = {p["name"]: registry[p["name"]].watch() for p in job["pieces"] if p["name"] in registry}
+    codes = {n: observe.forbidden_python(w["torch_patterns"], w["pieces"]) for n, w in watches.items()}
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    namespace["get_ipython"] = lambda: shell
+    shell = Shell(namespace)
+
+    errors, changed = [], []
+    before = observe.snapshot()
+    for cell in job["cells"]:
+        try:
+            exec(compile(cell["source"], f"{observe.CELL_PREFIX}{cell['label']}>", "exec"), namespace)
+        except BaseException as e:  # noqa: B036 (a cell's SystemExit or KeyboardInterrupt too)
+            errors.append({"cell": cell["label"], "error": f"{type(e).__name__}: {str(e)[:300]}"})
+        after = observe.snapshot()
+        found = observe.changes(before, after)
+        if found:
+            changed.append({"cell": cell["label"], "changes": found[:20]})
+        before = after
+    send({"event": "loaded", "errors": errors, "changes": changed})
+
+    for piece in job["pieces"]:
+        name = piece["name"]
+        if name not in registry:
+            continue
+        try:
+            result = runtime.report(namespace, name, piece["cases"], codes.get(name))
+        except BaseException as e:  # noqa: B036 (the runner itself was broken by the student's code)
+            result = {"name": name, "broken": f"{type(e).__name__}: {str(e)[:300]}"}
+        after = observe.snapshot()
+        found = observe.changes(before, after)
+        before = after
+        result["changes"] = found[:20]
+        send({"event": "piece", **result})
+    send({"event": "done"})
+    _exit(0)
+
+
+if __name__ == "__main__":
+    main()
