@@ -32,6 +32,7 @@ changed in torch, numpy, the course's modules, builtins and the interpreter's ho
 from __future__ import annotations
 
 import builtins
+import os
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -53,7 +54,10 @@ _getframe = sys._getframe
 
 
 def _code_key(code):
-    return (code.co_code, code.co_names, code.co_varnames, code.co_argcount)
+    """Where a function's code comes from: its file, first line and bytecode. A copy of a code
+    object under another name is the same key; a student's own function (compiled from a
+    notebook cell) never is, even when it is written exactly like the reference."""
+    return (code.co_filename, code.co_firstlineno, code.co_code)
 
 
 def _canary():
@@ -107,10 +111,11 @@ def forbidden_python(torch_patterns=(), pieces=()) -> dict:
                     qual = f"{f.__module__}.{f.__qualname__}"
                     if f.__module__ == name and any(p in qual for p in torch_patterns):
                         out[_code_key(f.__code__)] = qual
+    folder = os.path.dirname(reference.__file__) + os.sep
     for piece in pieces:
         obj = getattr(reference, piece, None)
         for f in _functions(obj) if obj is not None else ():
-            if f.__module__.startswith("firstprinciples.reference"):
+            if f.__code__.co_filename.startswith(folder):  # not the marking wrapper that every piece shares
                 out[_code_key(f.__code__)] = f"firstprinciples.reference.{piece}"
     return out
 
@@ -230,6 +235,15 @@ WATCHED_ROOTS = ("torch", "numpy", "firstprinciples", "builtins", "math")
 HOOKS = ("displayhook", "excepthook", "breakpointhook", "unraisablehook")
 
 
+def _ident(value) -> tuple:
+    """(identity, whether replacing it can change what code does): functions, classes and
+    other callables can; counters, caches and flags that torch keeps for itself cannot."""
+    import types
+
+    kind = 2 if isinstance(value, types.ModuleType) else int(callable(value))
+    return (id(value), kind)
+
+
 def _watched(name: str) -> bool:
     return name.split(".")[0] in WATCHED_ROOTS
 
@@ -239,19 +253,28 @@ def snapshot() -> dict:
     computes: the attributes of every loaded torch, numpy, course and builtins module and of
     the classes they define, and the interpreter's hooks. Keys: a module's name, or
     ``(module, class name)`` for a class."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # looking at a deprecated attribute warns
+        return _snapshot()
+
+
+def _snapshot() -> dict:
     state = {}
     for name, module in list(sys.modules.items()):
         d = getattr(module, "__dict__", None) if module is not None else None
         if not isinstance(d, dict) or not _watched(name):
             continue
-        state[name] = {k: id(v) for k, v in list(d.items())}
+        state[name] = {k: _ident(v) for k, v in list(d.items())}
         for k, v in list(d.items()):
             if issubclass(type(v), type) and v.__dict__.get("__module__") == name:
-                state[(name, k)] = {a: id(b) for a, b in list(v.__dict__.items())}
-    hooks = {h: id(getattr(sys, h, None)) for h in HOOKS}
-    hooks.update(meta_path=hash(tuple(map(id, sys.meta_path))), path_hooks=hash(tuple(map(id, sys.path_hooks))),
-                 __import__=id(builtins.__import__))
+                state[(name, k)] = {a: _ident(b) for a, b in list(v.__dict__.items())}
+    hooks = {h: (id(getattr(sys, h, None)), True) for h in HOOKS}
+    hooks.update(meta_path=(hash(tuple(map(id, sys.meta_path))), True),
+                 path_hooks=(hash(tuple(map(id, sys.path_hooks))), True), __import__=(id(builtins.__import__), True))
     state["sys"] = hooks
+    state["sys.modules"] = {k: (id(m), True) for k, m in list(sys.modules.items()) if _watched(k)}
     return state
 
 
@@ -263,29 +286,52 @@ VOLATILE = ("torch.nn.modules.module", "torch._tensor_str", "torch.random", "tor
 
 def changes(before: dict, after: dict) -> list[str]:
     """What was replaced, removed or added between two snapshots (``torch.exp was replaced``)."""
-    import types
-
     out = []
     for key, attrs in before.items():
         module = key[0] if isinstance(key, tuple) else key
         if module.startswith(VOLATILE):
             continue
         shown = ".".join(key) if isinstance(key, tuple) else key
+        if key == "sys.modules":
+            shown = "sys.modules"
         now = after.get(key)
         if now is None:
             continue
-        for k, ident in attrs.items():
-            if k.startswith("__") and k.endswith("__") and key != "sys" and k not in ("__import__", "__build_class__"):
+        for k, (ident, kind) in attrs.items():
+            if k in ("__doc__", "__dict__", "__weakref__", "__annotations__", "__parameters__"):
                 continue
             if k not in now:
-                out.append(f"{shown}.{k} was removed")
-            elif now[k] != ident:
+                if kind == 1:
+                    out.append(f"{shown}.{k} was removed")
+            elif now[k][0] != ident and (kind == 1 or now[k][1] == 1) and not _torch_wrapper(key, k):
                 out.append(f"{shown}.{k} was replaced")
         for k in now.keys() - attrs.keys():
-            if k.startswith("__") and k.endswith("__"):
-                continue
-            value = getattr(sys.modules.get(key), k, None) if isinstance(key, str) else None
-            if isinstance(value, types.ModuleType):  # a submodule imported (lazily)
-                continue
-            out.append(f"{shown}.{k} was added")
+            if k.startswith("__") and k.endswith("__") or key == "sys.modules":
+                continue  # a module imported
+            if now[k][1] == 1 and not _torch_wrapper(key, k):  # a function or class put there
+                out.append(f"{shown}.{k} was added")
     return out
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _torch_wrapper(key, attr) -> bool:
+    """torch wraps some of its own functions lazily (``torch.manual_seed`` on first use, an
+    optimizer's ``step`` when one is built): a wrapper whose code is torch's and that wraps
+    what was there is torch's doing. Private torch modules change their own state freely."""
+    module = key[0] if isinstance(key, tuple) else key
+    if isinstance(key, str) and module.startswith("torch.") and any(p.startswith("_") for p in module.split(".")[1:]):
+        return True  # the module-level state of torch's private modules
+    try:
+        owner = sys.modules.get(module)
+        if isinstance(key, tuple):
+            owner = getattr(owner, key[1], None)
+            value = owner.__dict__.get(attr) if owner is not None else None
+        else:
+            value = getattr(owner, attr, None)
+        code = getattr(value, "__code__", None)
+        return (getattr(value, "__wrapped__", None) is not None and code is not None
+                and code.co_filename.startswith(_TORCH_DIR))
+    except Exception:  # an attribute that cannot be looked at: not torch's own wrapper
+        return False

@@ -104,15 +104,27 @@ def main() -> None:
     namespace["get_ipython"] = lambda: shell
     shell = Shell(namespace)
 
+    def snapshot():
+        try:
+            return observe.snapshot()
+        except Exception as e:  # the shared modules were changed into something that cannot be read
+            return {"<unreadable>": {type(e).__name__: (0, 1)}}
+
+    def changes(before, after):
+        try:
+            return observe.changes(before, after)
+        except Exception as e:
+            return [f"sys.modules could not be read any more ({type(e).__name__})"]
+
     errors, changed = [], []
-    before = observe.snapshot()
+    before = snapshot()
     for cell in job["cells"]:
         try:
             exec(compile(cell["source"], f"{observe.CELL_PREFIX}{cell['label']}>", "exec"), namespace)
         except BaseException as e:  # noqa: B036 (a cell's SystemExit or KeyboardInterrupt too)
             errors.append({"cell": cell["label"], "error": f"{type(e).__name__}: {str(e)[:300]}"})
-        after = observe.snapshot()
-        found = observe.changes(before, after)
+        after = snapshot()
+        found = changes(before, after)
         if found:
             changed.append({"cell": cell["label"], "changes": found[:20]})
         before = after
@@ -126,8 +138,8 @@ def main() -> None:
             result = runtime.report(namespace, name, piece["cases"], codes.get(name))
         except BaseException as e:  # noqa: B036 (the runner itself was broken by the student's code)
             result = {"name": name, "broken": f"{type(e).__name__}: {str(e)[:300]}"}
-        after = observe.snapshot()
-        found = observe.changes(before, after)
+        after = snapshot()
+        found = changes(before, after)
         before = after
         result["changes"] = found[:20]
         send({"event": "piece", **result})

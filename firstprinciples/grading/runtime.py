@@ -10,35 +10,38 @@ from __future__ import annotations
 
 import gc
 
+from . import observe, probes, wire
+
 MARK = "@@fp-trusted-probe@@"
-_gc_disable, _gc_enable, _gc_isenabled = gc.disable, gc.enable, gc.isenabled
+# captured when the runner starts, before any student code: rebinding these later changes nothing here
+_gc_disable, _gc_enable, _gc_isenabled, _gc_collect = gc.disable, gc.enable, gc.isenabled, gc.collect
+_Watch, _forbidden_python, _load, _decode_case, _encode = (observe.Watch, observe.forbidden_python, probes.load,
+                                                           probes.decode_case, wire.encode)
 
 
 def report(namespace: dict, name: str, cases: list, codes: dict | None = None) -> dict:
     """Run probe ``name`` on ``namespace[name]`` for every encoded case: plain data only."""
-    from . import observe, probes, wire
-
-    probe = probes.load()[name]
+    probe = _load()[name]
     if name not in namespace:
         return {"name": name, "missing": True}
     obj = namespace[name]
     watch = probe.watch()
-    codes = observe.forbidden_python(watch["torch_patterns"], watch["pieces"]) if codes is None else codes
+    codes = _forbidden_python(watch["torch_patterns"], watch["pieces"]) if codes is None else codes
     results = []
     for enc in cases:
-        case = probes.decode_case(enc)
+        case = _decode_case(enc)
         was_enabled = _gc_isenabled()
         _gc_disable()  # no __del__ of student objects runs outside a watched window
         kept = []
         try:
-            with observe.Watch(watch["torch_patterns"], watch["pieces"], codes) as seen:
+            with _Watch(watch["torch_patterns"], watch["pieces"], codes) as seen:
                 try:
                     out = probe.run(obj, case, namespace) if getattr(probe, "needs", ()) else probe.run(obj, case)
                     kept.append(out)
-                    entry = {"outputs": {k: wire.encode(v) for k, v in out.items()}}
+                    entry = {"outputs": {k: _encode(v) for k, v in out.items()}}
                 except (Exception, SystemExit) as e:  # the answer's fault: reported, graded 0
                     entry = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
-                gc.collect()  # finalisers of this case's objects run now, watched
+                _gc_collect()  # finalisers of this case's objects run now, watched
         finally:
             if was_enabled:
                 _gc_enable()

@@ -95,7 +95,30 @@ def mutated_names(tree: ast.AST) -> set:
 
 
 def loaded_names(tree: ast.AST) -> set:
+    """Every name the cell's code reads, in any scope."""
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def global_uses(source: str, tree: ast.AST) -> set:
+    """The names a cell reads from the notebook's namespace: at its top level, and inside its
+    functions and classes the names that are not their own parameters or locals."""
+    import symtable
+
+    try:
+        table = symtable.symtable(source, "<cell>", "exec")
+    except (SyntaxError, ValueError):
+        return loaded_names(tree)
+    out = set()
+    todo = [table]
+    while todo:
+        scope = todo.pop()
+        todo.extend(scope.get_children())
+        for sym in scope.get_symbols():
+            if not sym.is_referenced():
+                continue
+            if scope.get_type() == "module" or sym.is_global() or (scope.get_type() == "class" and not sym.is_assigned()):
+                out.add(sym.get_name())
+    return out
 
 
 def cell_infos(nb, course_sources: set | None = None) -> list[CellInfo]:
@@ -126,7 +149,7 @@ def cell_infos(nb, course_sources: set | None = None) -> list[CellInfo]:
         info = CellInfo(i, label, student, tree, python)
         if tree is not None:
             info.defines = top_level_names(tree)
-            info.loads = loaded_names(tree)
+            info.loads = global_uses(python, tree)
             info.mutates = mutated_names(tree)
         infos.append(info)
     return infos

@@ -151,9 +151,9 @@ def reference_results(check: Check) -> list:
 def job_cells(plan: Plan, names, everything: bool = False) -> list:
     """The cells the re-check loads for ``names``, in notebook order, as plain Python:
     the non-test cells they depend on (``everything``: every non-test cell)."""
-    candidates = [c for c in plan.infos if c.index not in plan.graded and c.tree is not None]
+    candidates = [c for c in plan.infos if c.index not in plan.graded]
     if everything:
-        chosen = candidates
+        chosen = candidates  # a cell that does not parse is sent too: its SyntaxError is the explanation
     else:
         picked = {c.index for n in names for c in scan.dependencies(candidates, n)}
         chosen = [c for c in candidates if c.index in picked]
@@ -174,8 +174,9 @@ def run_runner(command: list, cells: list, checks: list, limits: Limits, deadlin
     nonce = secrets.token_hex(16)
     job = {"nonce": nonce, "cells": cells, "pieces": [{"name": c.name, "cases": c.cases} for c in checks]}
     prefix = MARK + nonce
+    env = {**os.environ, "KINETO_LOG_LEVEL": "5", "PYTHONDONTWRITEBYTECODE": "1"}  # the profiler's banners: off
     proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     results: dict = {}
     loaded: dict = {}
     pending = [c.name for c in checks]
@@ -372,8 +373,10 @@ def _outcome(check: Check, report: dict, machinery) -> Outcome:
             located = next((h for h in hits if h[1]), None)
             names = sorted({str(h[0]) for h in hits}, key=lambda n: (n.startswith(("aten::", "autograd::")), n))
             where = f" ({located[1]})" if located else ""
-            found.append({"error": f"it calls {located[0] if located else names[0]}{where}, a built-in this piece "
-                                   f"must not use", "forbidden": True})
+            what = located[0] if located else names[0]
+            kind = "the course's reference" if what.startswith("firstprinciples.") else "a built-in"
+            found.append({"error": f"it calls {what}{where}, {kind} that this piece must not use (you are asked to "
+                                   "write it yourself)", "forbidden": True})
         elif not isinstance(res.get("outputs"), dict):
             found.append({"error": f"it raised {str(res.get('error', '?'))[:300]}"})
         else:
