@@ -10,7 +10,10 @@ Grading is hardened here, with nbgrader's own commands:
   processes, file size and CPU time), talking to the grader over Unix sockets;
 - ``RobustExecute`` replaces nbgrader's ``Execute``: a cell that hangs or kills
   its kernel scores 0 with the reason in the feedback, and grading goes on
-  from the next cell in a fresh kernel; a cell's output is capped;
+  from the next cell in a fresh kernel; a cell's output is capped; a notebook has
+  a time budget (``c.RobustExecute.notebook_timeout``); then the trusted re-check
+  (``firstprinciples.grading.trusted``) re-runs every graded piece in a fresh
+  sandboxed interpreter on secret inputs and its verdict is final;
 - ``nbgrader autograde`` grades in parallel (``c.Autograde.workers``, default
   ``$FP_GRADING_WORKERS`` or the number of cores), and a run killed at any point
   can simply be run again (``firstprinciples.grading.parallel``);
@@ -67,6 +70,9 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 # alone takes a few seconds on a cold cache; the slowest test cell takes ~10 s).
 c.Execute.timeout = 120
 c.Execute.interrupt_on_timeout = True
+# c.RobustExecute.notebook_timeout = 300  # seconds of cell execution per notebook; later cells are not run
+# c.RobustExecute.recheck_timeout = 300  # seconds for the trusted re-check of one notebook
+# c.RobustExecute.recheck_piece_timeout = 45  # seconds for the re-check of one piece
 # Once a notebook has run, its kernel is killed at once: nothing in it is needed any
 # more, and the polite shutdown (request, then wait for the exit) cost 0.85 s of idle
 # waiting per notebook, a fifth of the grading time.

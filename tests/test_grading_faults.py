@@ -19,12 +19,12 @@ from test_instructor_roundtrip import fill, solution_answers
 
 ASSIGNMENT, NOTEBOOK = "qkv", "queries_keys_values"
 TIMEOUT = 20  # seconds per cell in this test (the course uses 120)
+BUDGET = 200  # seconds of cells per notebook in this test (the course uses 300)
 
 # Appended to the correct project_qkv: runs when the answer cell runs.
 AT_DEFINITION = {
     "exits": "import os\nos._exit(3)",
-    # (ctypes, the usual way to segfault, is refused by the trusted scan for the whole notebook:
-    # it can rewrite any object; a kill by SIGSEGV is the same crash seen from the grader)
+    # (a kill by SIGSEGV is the crash that ctypes would cause, seen from the grader)
     "segfaults": "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)",
     "ignores_interrupts": "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
 }
@@ -33,6 +33,9 @@ IN_BODY = {
     "memory_bomb": "hog = bytearray(8 * 2**30)",
     "fork_bomb": "import os\nwhile True:\n    os.fork()",
     "system_exit": "raise SystemExit('bye')",
+    # hangs on every call, deaf to interrupts: the notebook's time budget and the re-check's
+    # per-piece limit bound what it costs, and the other piece is still graded
+    "hangs_every_call": "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
 }
 HUGE_OUTPUT = "print('x' * 60_000_000)"  # 60 MB on one line
 
@@ -90,7 +93,8 @@ def graded(tmp_path_factory):
             nb.cells.append(nbformat.v4.new_code_cell(snoop))
         nbformat.write(nb, target / f"{NOTEBOOK}.ipynb")
     proc = nbgrader(course, "autograde", ASSIGNMENT, f"--Execute.timeout={TIMEOUT}",
-                    "--RobustExecute.probe_timeout=5", timeout=1800)
+                    "--RobustExecute.probe_timeout=5", f"--RobustExecute.notebook_timeout={BUDGET}",
+                    "--RobustExecute.recheck_piece_timeout=15", timeout=1800)
     after = _sandbox_processes(scratch(course))
     calls = []
     try:
@@ -144,6 +148,15 @@ def test_feedback_says_what_happened(graded, student, reason):
     cell = next(c for c in answer_cells(nb) if nbgrader_meta(c)["grade_id"] == "project_qkv")
     errors = [o for o in cell.outputs if o.get("output_type") == "error"]
     assert errors and errors[-1]["ename"] == "GradingFault" and reason in errors[-1]["evalue"], cell.outputs
+
+
+def test_a_notebook_that_hangs_everywhere_costs_at_most_its_budget(graded):
+    course = graded[0]
+    nb = nbformat.read(course / "autograded" / "hangs_every_call" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
+    test_cells = [c for c in nb.cells if nbgrader_meta(c).get("grade")]
+    timed_out = [c for c in test_cells if any("did not finish" in str(o.get("evalue", "")) for o in c.outputs)]
+    assert timed_out, "no test cell timed out"
+    assert graded[1]["correct"] == 12 and graded[1]["hangs_every_call"] == 6
 
 
 def test_no_process_outlives_grading(graded):

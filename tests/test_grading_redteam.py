@@ -1,11 +1,11 @@
-"""The red team: submissions that cheat or are subtly wrong, graded with the plain
-`nbgrader autograde` and the repo's config, each with the score it must get.
+"""Subtly wrong softmax answers, graded with the plain `nbgrader autograde` and the
+repo's config, each with the score it must get, twice, with nothing left running.
 
 The exercise is softmax (10 points: worked example 2, large inputs 2, -inf
-entries 2, dims 2, gradients and inputs 2). Every cheat below earns full marks
-with stock nbgrader (the in-kernel tests can be patched, stripped or fooled);
-here the trusted re-check (firstprinciples.grading.trusted) decides. The wrong
-answers get the same partial credit as their honest in-kernel tests give.
+entries 2, dims 2, gradients and inputs 2). The wrong answers get the same partial
+credit as their honest in-kernel tests give: the trusted re-check
+(firstprinciples.grading.trusted) is as strict as each test, no stricter. The
+cheats are in tests/corpus/attacks.py, graded by tests/test_grading_corpus.py.
 
 Together with tests/test_grading_faults.py (crashes, hangs, bombs, a gigabyte of
 output, a snooping cell) and tests/test_grading_broken.py (broken files and
@@ -46,44 +46,14 @@ WRONG_BODY = "return x"  # passes nothing honestly
 # student: (answer cell, extra cell or None, expected score, a phrase the feedback must contain)
 STUDENTS = {
     "correct": (answer(CORRECT_BODY), None, 10, None),
-    # cheats: each makes the in-kernel tests pass for a wrong answer
-    "patches_numpy_and_torch": (answer(WRONG_BODY, """
-import numpy as np
-np.allclose = lambda *a, **k: True
-torch.allclose = lambda *a, **k: True
-torch.testing.assert_close = lambda *a, **k: None
-"""), None, 0, "graded code may not modify a module"),
-    "strips_asserts": (answer(WRONG_BODY, """
-def _strip(lines):
-    return [l for l in lines if not l.lstrip().startswith(("assert", "checks."))]
-get_ipython().input_transformers_post.append(_strip)
-"""), None, 0, "uses get_ipython"),
-    "ast_transformer": (answer(WRONG_BODY, """
-import ast
-class _Empty(ast.NodeTransformer):
-    def visit_Expr(self, node):
-        return None
-get_ipython().ast_transformers.append(_Empty())
-"""), None, 0, "imports ast"),
-    "lying_subclass": (answer("return Liar(x)", """
-class Liar(torch.Tensor):
-    def __eq__(self, other):
-        return torch.ones_like(other, dtype=torch.bool)
-"""), None, 0, "subclass"),
-    "patches_checks": (answer(WRONG_BODY, """
-checks.check_worked_example = checks.check_large_inputs = checks.check_minus_inf = lambda *a, **k: None
-checks.check_dims = checks.check_gradients_and_inputs = lambda *a, **k: None
-"""), None, 0, "part of the course's grading tools"),
-    "reference_in_extra_cell": (answer(WRONG_BODY), "from firstprinciples.reference import softmax\n", 0,
-                                "imports from firstprinciples"),
-    "hides_the_builtin": (answer("return getattr(torch, 'soft' + 'max')(x, dim)"), None, 0, "uses getattr"),
+    # the cheats (patched modules, stripped asserts, lying subclasses, the built-in however it is
+    # spelled, the re-check's own machinery...) are in tests/corpus/attacks.py (test_grading_corpus.py)
     "hard_codes_the_worked_example": (answer("""
 if x.shape == (3,) and abs(float(x[0]) - 0.7778) < 1e-3:  # Cat's scaled scores
     return torch.tensor([0.3797, 0.3537, 0.2666], dtype=x.dtype)
 e = torch.exp(x)
 return e / e.sum(dim=dim, keepdim=True)
 """), None, 2, None),  # only the honest dims test (as "no max subtracted")
-    "calls_the_builtin": (answer("return torch.softmax(x, dim)"), None, 0, "built-in this piece asks you to write"),
     # wrong answers: partial credit as the honest tests give it
     "numpy_instead_of_torch": (answer("""
 import numpy as np

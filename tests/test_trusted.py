@@ -1,4 +1,5 @@
-"""The trusted half of grading: the static scan, the wire format and the comparison.
+"""The trusted half of grading: what the re-check loads, what its watch sees, the wire
+format, the comparison and the final verdict.
 
 End-to-end, with nbgrader and sandboxed kernels, the red-team suite
 (tests/test_grading_redteam.py) grades cheating submissions; here each part is
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from course import SOLUTIONS, source_notebooks
+from course import SOLUTIONS, nbgrader_meta, source_notebooks
 from firstprinciples.grading import probes, scan, trusted, wire
 
 SOFTMAX = SOLUTIONS / "softmax" / "softmax.ipynb"
@@ -25,137 +26,159 @@ def softmax(x, dim=-1):
     return e / e.sum(dim=dim, keepdim=True)
 '''
 
-# Student code that reaches into the machinery: each voids every verdict of the notebook.
-TAMPER = {
-    "patches numpy": "import numpy as np\nnp.allclose = lambda *a, **k: True",
-    "patches torch.testing": "import torch\ntorch.testing.assert_close = lambda *a, **k: None",
-    "patches a torch function": "import torch\ntorch.exp = torch.sigmoid",
-    "patches a tensor method": "import torch\ntorch.Tensor.__eq__ = lambda a, b: True",
-    "deletes from a module": "import torch\ndel torch.allclose",
-    "patches the checks": "checks.check_dims = lambda *a, **k: None",
-    "reaches the reference through the checks": "ref = checks.reference\ndef softmax(x, dim=-1):\n    return ref(x, dim)",
-    "imports the reference": "from firstprinciples.reference import softmax",
-    "imports sys": "import sys\nsys.modules['numpy'].allclose = None",
-    "imports builtins": "import builtins",
-    "imports importlib": "import importlib\nm = importlib.import_module('firstprinciples.reference')",
-    "imports ctypes": "import ctypes",
-    "imports inspect": "import inspect",
-    "imports IPython": "from IPython import get_ipython",
-    "input transformer": "get_ipython().input_transformers_post.append(lambda lines: lines)",
-    "ast transformer": "ip = get_ipython()\nip.ast_transformers.append(None)",
-    "a magic": "%load_ext something",
-    "a shell command": "!cat /etc/passwd",
-    "eval": "eval('1')",
-    "exec": "exec('x = 1')",
-    "getattr of a built-in": "import torch\nf = getattr(torch, 'soft' + 'max')",
-    "setattr": "import torch\nsetattr(torch, 'exp', None)",
-    "globals": "globals()['softmax'] = None",
-    "__import__": "__import__('os')",
-    "__builtins__": "__builtins__.print = None",
-    "dunder attribute": "f = softmax.__globals__",
-    "class dunder": "t = (1).__class__",
-    "private torch": "import torch\nm = torch._C",
-    "torch.overrides": "import torch.overrides",
-    "torch.utils dispatch": "from torch.utils._python_dispatch import TorchDispatchMode",
-    "lying tensor subclass": "import torch\nclass Liar(torch.Tensor):\n    pass",
-    "ndarray subclass": "import numpy as np\nclass A(np.ndarray):\n    pass",
-    "__eq__ override": "class A:\n    def __eq__(self, other):\n        return True",
-    "__torch_function__": "class A:\n    def __torch_function__(self, *a):\n        return 1",
-    "threading": "import threading",
-    "sys through torch": "import torch\nmods = torch.sys.modules",
-    "sys through os": "import os\nm = os.sys",
-    "sys through an aliased import": "import os as np\nm = np.sys",
-}
-
-LOCAL = {
-    "imports os": "import os",
-    "imports signal": "import signal",
-    "imports socket": "import socket",
-    "opens a file": "text = open('/etc/hostname').read()",
-    "exits the kernel": "import os\nos._exit(3)",
-    "a private attribute of a local module": "import signal\nh = signal._int_to_enum",
-    "a path module": "import os\np = os.path.join('a', 'b')",
-}
-
-# Ordinary answers: nothing to report.
-CLEAN = {
-    "plain": CORRECT,
-    "math and numpy": "import math\nimport numpy as np\nimport torch.nn.functional as F\nfrom torch import nn\nx = math.sqrt(2)",
-    "a module class": "import torch\nfrom torch import nn\nclass M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-                      "        self._cache = None\n    def forward(self, x):\n        return x\n    def __len__(self):\n        return 0",
-    "typing and dataclasses": "from dataclasses import dataclass\nfrom typing import Optional\n@dataclass\nclass C:\n    x: Optional[int] = None",
-    "a check called in a scratch cell": "checks.check_dims(softmax, full=False)",
-    "submodules of allowed modules": "import torch\nimport numpy as np\nn = np.linalg.norm([1.0])\ny = torch.nn.functional.relu(torch.ones(1))",
-}
-
-
-def _notebook_with(answer: str):
+def _infos(*cells):
     nb = nbformat.read(SOFTMAX, as_version=4)
-    for cell in nb.cells:
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "softmax":
-            cell.source = CORRECT + "\n" + answer
+    for source in cells:
+        nb.cells.append(nbformat.v4.new_code_cell(source))
     return nb
 
 
-def _scan(answer):
-    return scan.scan(_notebook_with(answer), trusted.course_sources(SOFTMAX))
+def _loaded(nb, name="softmax"):
+    plan = trusted.make_plan(nb, 0, trusted.course_sources(SOFTMAX))
+    return [c["label"] for c in trusted.job_cells(plan, [name])]
 
 
-@pytest.mark.parametrize("name", sorted(TAMPER))
-def test_tampering_is_flagged(name):
-    result = _scan(TAMPER[name])
-    assert result.tamper, f"{name}: not flagged"
-    assert "softmax" in result.label(result.tamper[0])
-
-
-@pytest.mark.parametrize("name", sorted(LOCAL))
-def test_leaving_the_exercise_voids_only_its_piece(name):
-    result = _scan(LOCAL[name])
-    assert not result.tamper and result.local, (result.tamper, result.local)
-    assert result.findings_for("softmax", ()), "the piece defined in that cell is not voided"
-
-
-@pytest.mark.parametrize("name", sorted(CLEAN))
-def test_ordinary_code_is_not_flagged(name):
-    result = _scan(CLEAN[name])
-    assert not result.tamper and not result.local and not result.findings_for("softmax", ("softmax",)), \
-        (result.tamper, result.local)
-
-
-@pytest.mark.parametrize("code", ["import torch\ndef softmax(x, dim=-1):\n    return x.softmax(dim)",
-                                  "from torch.nn.functional import softmax as sm\ndef softmax(x, dim=-1):\n    return sm(x, dim)",
-                                  "import torch\ndef softmax(x, dim=-1):\n    return torch.nn.Softmax(dim)(x)"])
-def test_the_built_in_of_the_piece_is_flagged_for_that_piece(code):
-    nb = nbformat.read(SOFTMAX, as_version=4)
+def test_the_re_check_loads_what_a_piece_depends_on_and_nothing_else():
+    nb = _infos("EPS = 0.0\ndef _shift(x, dim):\n    return x - x.amax(dim=dim, keepdim=True) + EPS",
+                "%timeit softmax(torch.ones(3))",
+                "torch.testing.assert_close(softmax(torch.ones(3)), torch.softmax(torch.ones(3), -1))",
+                "softmax.__doc__ = 'mine'")
     for cell in nb.cells:
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "softmax":
-            cell.source = code
-    result = scan.scan(nb, trusted.course_sources(SOFTMAX))
-    found = result.findings_for("softmax", ("softmax", "softmin"))
-    assert found and found[0].kind == "builtin"
+        if nbgrader_meta(cell).get("grade_id") == "softmax":
+            cell.source = "def softmax(x, dim=-1):\n    e = torch.exp(_shift(x, dim))\n    return e / e.sum(dim, keepdim=True)"
+    labels = _loaded(nb)
+    assert "cell 'imports'" in labels and "cell 'softmax'" in labels
+    n = len([c for c in nb.cells if c.cell_type == "code"])
+    assert f"code cell {n - 3}" in labels, labels  # the helper cell, added by the student
+    assert f"code cell {n}" in labels  # sets an attribute of softmax
+    assert f"code cell {n - 2}" not in labels and f"code cell {n - 1}" not in labels  # the self-tests
+    assert not any("test_" in label for label in labels)  # test cells never run in the re-check
 
 
-def test_a_flagged_helper_voids_the_pieces_that_use_it():
+def _cell(outputs):
+    cell = nbformat.v4.new_code_cell("checks.check_dims(softmax)")
+    cell.metadata["nbgrader"] = {"grade": True, "grade_id": "test_dims", "points": 2, "solution": False}
+    cell.outputs = [nbformat.from_dict(o) for o in outputs]
+    return cell
+
+
+def test_the_verdict_is_final_whatever_the_kernel_printed():
+    from nbgrader.utils import determine_grade
+
     nb = nbformat.read(SOFTMAX, as_version=4)
-    for cell in nb.cells:
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "softmax":
-            cell.source = "def softmax(x, dim=-1):\n    return helper(x, dim)"
-    nb.cells.append(nbformat.v4.new_code_cell("import torch\ndef helper(x, dim):\n    return torch.softmax(x, dim)"))
-    nb.cells.append(nbformat.v4.new_code_cell("import os\nunrelated = 1"))
-    result = scan.scan(nb, trusted.course_sources(SOFTMAX))
-    found = result.findings_for("softmax", ("softmax",))
-    assert [f.kind for f in found] == ["builtin"], found  # the helper's built-in, not the unrelated import
+    index = next(i for i, c in enumerate(nb.cells) if nbgrader_meta(c).get("grade_id") == "test_dims")
+    plan = trusted.make_plan(nb, 0, trusted.course_sources(SOFTMAX))
+    score = {"output_type": "execute_result", "data": {"text/plain": "2"}, "metadata": {}, "execution_count": 1}
+    warning = {"output_type": "stream", "name": "stderr", "text": "UserWarning: careful\n"}
+    nb.cells[index] = _cell([score])
+    trusted.apply(nb, plan, {"softmax": trusted.Outcome("it raised ValueError")})
+    assert determine_grade(nb.cells[index])[0] == 0  # a displayed number is no longer a score
+    assert nb.cells[index].outputs[0]["ename"] == trusted.FAILED  # the re-check's reason comes first
+    nb.cells[index] = _cell([score])
+    trusted.apply(nb, plan, {"softmax": trusted.Outcome(None, [])})
+    assert determine_grade(nb.cells[index])[0] == 2  # a displayed "0.5" would have been half marks
+    nb.cells[index] = _cell([warning])
+    trusted.apply(nb, plan, {"softmax": trusted.Outcome(None, [])})
+    assert determine_grade(nb.cells[index])[0] == 2  # a warning on stderr no longer costs the cell
+    assert "careful" in nb.cells[index].outputs[0]["text"]
 
 
-@pytest.mark.parametrize("path", source_notebooks(), ids=lambda p: p.parent.name)
-def test_the_solutions_are_clean(path):
-    nb = nbformat.read(path, as_version=4)
-    result = scan.scan(nb, trusted.course_sources(path))
-    registry = probes.load()
-    names = {n for c in result.infos if c.student for n in c.defines}
-    assert not result.tamper and not result.local
-    for name in names & set(registry):
-        assert not result.findings_for(name, registry[name].watch()["torch_patterns"]), name
+@pytest.mark.parametrize("report", [
+    {"results": "all good"}, {"results": [None] * 18}, {"results": [{"outputs": 3, "hits": "x"}] * 18},
+    {"results": [{"outputs": {"output": {"type": "torch.Tensor", "data": 5}}}] * 18},
+    {"results": [{"outputs": {"output": {"type": "torch.Tensor", "dtype": [], "shape": "ab", "data": "!!"}}}] * 18},
+    {"results": [{"hits": [[1, 2, 3]], "tampered": 7, "threads": None}] * 18}, {"missing": []}, {"broken": {}},
+    {"results": [{"outputs": {"output": {"items": 3, "type": "builtins.list"}}}] * 18}, {"results": [[]] * 18},
+])
+def test_a_forged_report_fails_and_never_crashes(report):
+    nb = nbformat.read(SOFTMAX, as_version=4)
+    plan = trusted.make_plan(nb, 0, trusted.course_sources(SOFTMAX))
+    (check,) = plan.checks
+    found = trusted.outcome(check, report)
+    failed, _ = trusted.apply(nb, plan, {"softmax": found})
+    assert len(failed) == len(plan.graded), failed
+
+
+# ---------------------------------------------------------------- what the watch sees
+HIT = {  # a forbidden call, however it is spelled: each is seen
+    "torch.softmax": "torch.softmax(x, -1)",
+    "the tensor method": "x.softmax(-1)",
+    "F.softmax under another name": "import torch.nn.functional as G\nf = G.softmax\nf(x, -1)",
+    "nn.Softmax": "torch.nn.Softmax(dim=-1)(x)",
+    "torch.ops.aten": "torch.ops.aten._softmax(x, 1, False)",
+    "torch._C": "torch._C._VariableFunctions.softmax(x, -1)",
+    "DisableTorchFunction": "with torch._C.DisableTorchFunction():\n    torch.softmax(x, -1)",
+    "a thread": "import threading\nt = threading.Thread(target=lambda: torch.softmax(x, -1))\nt.start(); t.join()",
+    "a raw thread": "import _thread, time\ndone = []\n_thread.start_new_thread(lambda: done.append(torch.softmax(x, -1)), ())\n"
+                    "while not done:\n    time.sleep(0.001)",
+    "a finaliser": "class D:\n    def __del__(self):\n        torch.softmax(x, -1)\nD()",
+    "the reference": "from firstprinciples.reference import softmax\nsoftmax(x)",
+    "the reference unwrapped": "from firstprinciples.reference import softmax\nsoftmax.__wrapped__(x)",
+    "the reference's code under another name": "import types\nfrom firstprinciples.reference import softmax\n"
+        "f = softmax.__wrapped__\ng = types.FunctionType(f.__code__.replace(co_name='mine'), f.__globals__)\ng(x, -1)",
+}
+CLEAN_CALLS = {
+    "exp and sum": "e = torch.exp(x - x.amax(-1, keepdim=True))\ne / e.sum(-1, keepdim=True)",
+    "logsumexp": "torch.exp(x - torch.logsumexp(x, -1, keepdim=True))",
+    "code written exactly like the reference": "def s(x, dim=-1):\n    shifted = x - x.amax(dim=dim, keepdim=True)\n"
+        "    e = torch.exp(shifted)\n    return e / e.sum(dim=dim, keepdim=True)\ns(x)",
+}
+
+
+def _watch(code):
+    import gc
+
+    from firstprinciples.grading import observe
+
+    ns = {"torch": torch, "x": torch.randn(2, 3, dtype=torch.float64)}
+    compiled = compile(code, f"{observe.CELL_PREFIX}cell 'softmax'>", "exec")
+    with observe.Watch(("softmax", "softmin"), ("softmax",)) as seen:
+        exec(compiled, ns)
+        gc.collect()
+    return seen
+
+
+@pytest.mark.parametrize("name", sorted(HIT))
+def test_the_watch_sees_a_forbidden_call(name):
+    seen = _watch(HIT[name])
+    assert seen.hits and not seen.tampered, (seen.hits, seen.tampered)
+
+
+@pytest.mark.parametrize("name", sorted(CLEAN_CALLS))
+def test_the_watch_sees_nothing_in_an_honest_call(name):
+    seen = _watch(CLEAN_CALLS[name])
+    assert not seen.hits and not seen.tampered and not seen.threads
+
+
+def test_the_watch_names_the_students_line():
+    seen = _watch("y = 1\nz = torch.softmax(x, -1)")
+    assert ("torch.softmax", "cell 'softmax', line 2") in seen.hits
+
+
+@pytest.mark.parametrize("code", ["torch.autograd._disable_profiler()", "import sys\nsys.setprofile(None)"])
+def test_an_observer_switched_off_is_seen(code):
+    seen = _watch(code)
+    assert seen.tampered
+
+
+def test_changes_to_shared_code_are_seen_by_their_effect():
+    import numpy
+    from firstprinciples.grading import observe
+
+    before = observe.snapshot()
+    saved = numpy.allclose
+    try:
+        numpy.allclose = lambda *a, **k: True
+        torch.Tensor.__eq__ = lambda a, b: True
+        torch.manual_seed(0)  # torch's own lazy wrapping is not a change
+        torch.optim.AdamW([torch.nn.Parameter(torch.ones(1))])
+        found = observe.changes(before, observe.snapshot())
+    finally:
+        numpy.allclose = saved
+        del torch.Tensor.__eq__
+    assert "numpy.allclose was replaced" in found
+    assert any("Tensor.__eq__" in f for f in found), found
+    assert not any("manual_seed" in f or "AdamW" in f for f in found), found
 
 
 # Names a course cell binds that are still the student's work: the capstone's `model` is built
@@ -169,9 +192,9 @@ def test_every_graded_piece_is_re_checked_and_only_there(path):
     test cell names has a probe, and no probe lands on a name that the notebook's course
     cells define (a course variable that happens to share a probe's name)."""
     nb = nbformat.read(path, as_version=4)
-    result = scan.scan(nb, trusted.course_sources(path))
+    infos = scan.cell_infos(nb, trusted.course_sources(path))
     registry = probes.load()
-    written = {n for c in result.infos if c.student for n in c.defines}
+    written = {n for c in infos if c.student for n in c.defines}
     probed = {n for names in trusted.grade_cell_names(nb, registry).values() for n in names}
     allowed = written | PROBED_COURSE_NAMES.get(path.parent.name, set())
     assert probed <= allowed, f"probes on names the course defines: {sorted(probed - allowed)}"

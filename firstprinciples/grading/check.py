@@ -27,7 +27,10 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 def _reason(cell) -> str:
     """The test's own error first (it names the mistake), then the trusted re-check's, if any."""
+    from .trusted import FAILED
+
     errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    errors.sort(key=lambda o: o.get("ename") == FAILED)  # the test's own message first
     if not errors:
         return "the test cell failed"
     return "\n".join(ANSI.sub("", f"{o.get('ename', 'Error')}: {o.get('evalue', '')}").strip() for o in errors[:2])

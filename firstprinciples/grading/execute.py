@@ -78,9 +78,24 @@ class RobustExecute(Execute):
             return None
         return super().output(outs, msg, display_id, cell_index)
 
+    def on_cell_executed(self, **kwargs):
+        """nbgrader adds the reply's error when the cell's own error output is missing (here: when
+        it was cut): keep it, so the cell still fails, but cut to what fits under the cap."""
+        before = len(kwargs["cell"].outputs)
+        super().on_cell_executed(**kwargs)
+        limit = 2_000
+        for out in kwargs["cell"].outputs[before:]:
+            if out.get("output_type") == "error":
+                out["evalue"] = _cut(str(out.get("evalue", "")), limit)
+                out["traceback"] = [_cut(str(t), limit) for t in list(out.get("traceback", []))[-5:]]
+
     def process_message(self, msg, cell, cell_index):
-        # display updates (update_display_data, clear_output) rewrite outputs outside ``output``: count them too
-        if msg.get("msg_type") in ("update_display_data",) and not self._count(cell_index, msg):
+        # A message with a display id rewrites every earlier output with that id (in any cell)
+        # before ``output`` sees it, and update_display_data never reaches ``output``: count them here.
+        content = msg.get("content", {})
+        transient = content.get("transient") or {}
+        if (msg.get("msg_type") in ("update_display_data", "display_data", "execute_result")
+                and transient.get("display_id") and not self._count(cell_index, msg)):
             return None
         return super().process_message(msg, cell, cell_index)
 
@@ -232,6 +247,10 @@ class RobustExecute(Execute):
                 await self._new_kernel()
             finally:
                 self.nb.cells[i] = original  # nbclient stored the shadow in its place
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit:,} more characters cut by the grader]"
 
 
 async def _maybe_await(value):

@@ -306,8 +306,8 @@ def changes(before: dict, after: dict) -> list[str]:
             elif now[k][0] != ident and (kind == 1 or now[k][1] == 1) and not _torch_wrapper(key, k):
                 out.append(f"{shown}.{k} was replaced")
         for k in now.keys() - attrs.keys():
-            if k.startswith("__") and k.endswith("__") or key == "sys.modules":
-                continue  # a module imported
+            if key == "sys.modules" or isinstance(key, str) and k.startswith("__") and k.endswith("__"):
+                continue  # a module imported, a module's own dunders
             if now[k][1] == 1 and not _torch_wrapper(key, k):  # a function or class put there
                 out.append(f"{shown}.{k} was added")
     return out

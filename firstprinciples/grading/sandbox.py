@@ -1,12 +1,16 @@
-"""Launch an IPython kernel inside a bubblewrap sandbox.
+"""Launch an IPython kernel, or the trusted re-check's runner, inside a bubblewrap sandbox.
 
 Used as a Jupyter kernel (see ``kernels/fp-sandbox/kernel.json``)::
 
     python -m firstprinciples.grading.sandbox -f CONNECTION_FILE
 
+and by the trusted grader for its re-check (``python -m firstprinciples.grading.sandbox
+--recheck``: the same sandbox and caps, talking over standard input and output, with
+no host folder writable at all).
+
 The kernel talks to the grader over Unix sockets: the grader's kernel manager
 uses ``transport = "ipc"`` with an absolute ``ip`` in a folder private to the
-grading process (``nbgrader_config.py`` sets both). That folder and the
+grading process, one per kernel (``nbgrader_config.py`` sets both). That folder and the
 connection file (read-only) are the only host paths the kernel can reach
 besides the read-only system; its ``/tmp`` is new and empty. Inside the sandbox:
 

@@ -1,0 +1,274 @@
+"""A corpus of attacks on the grade, by a student who has read the grading code.
+
+Each entry of ``ATTACKS`` is one student's submission, in the format of
+``honest.HONEST`` (``id``, ``assignment``, ``answers``, ``extra``), plus:
+
+- ``score``: the total the grader must give (0 for almost all: the answer is wrong,
+  or it uses the built-in it must write, so the in-kernel tests would be fooled but
+  the trusted re-check is not);
+- ``reason``: a phrase that the feedback of a failing test cell must contain;
+- ``flag`` (optional): a phrase that the student's ``notes`` in grades.csv must
+  contain (the grader flags what it saw for the instructor).
+
+Routes covered (the issue's and more): a score printed by a test cell (rebound
+``checks``, ``sys.displayhook``), patched numpy/torch/checks, stripped asserts and
+AST transformers, a lying tensor subclass, the reference imported or reached through
+``__wrapped__``, closures or a copied code object, the built-in reached through
+``getattr``, ``operator.attrgetter``, ``vars()``, ``type()``, ``torch.ops.aten``,
+``torch._C`` functions, ``DisableTorchFunction``, a thread, a raw ``_thread``, a
+``__del__``, a patched encoder or runner, the profiler switched off, the profile hook
+removed, forged reports, an nn.RNN / nn.MultiheadAttention / TransformerEncoderLayer
+wrapped in a module, and a hard-coded worked example.
+"""
+from __future__ import annotations
+
+import textwrap
+
+
+def _c(source: str) -> str:
+    return textwrap.dedent(source).strip("\n") + "\n"
+
+
+WRONG_SOFTMAX = _c('''
+import torch
+
+def softmax(x, dim=-1):
+    return x.clone()
+''')
+
+
+def _softmax(body: str, extra_top: str = "") -> dict:
+    return {"softmax": _c(extra_top) + "\nimport torch\n\ndef softmax(x, dim=-1):\n" + textwrap.indent(_c(body), "    ")}
+
+
+FORBIDDEN = "must not use"
+REWRITTEN = "could not be re-checked"
+NOT_WATCHED = "could not watch your code"
+
+ATTACKS = [
+    # ------------------------------------------------ scores printed by the test cells
+    {"id": "atk_rebinds_checks_class", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX},
+     "extra": [("after:try_it_code", _c('''
+        class checks:  # every visible check now "returns" a number, which nbgrader takes for a score
+            def __getattr__(self, name):
+                return lambda *a, **k: 2
+        checks = checks()
+     '''))], "score": 0, "reason": "differs from the reference"},
+    {"id": "atk_displayhook_score", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX},
+     "extra": [("after:try_it_code", _c('''
+        import sys
+        for name in dir(checks):
+            if name.startswith("check_"):
+                setattr(checks, name, lambda *a, **k: sys.displayhook(2))
+     '''))], "score": 0, "reason": "differs from the reference"},
+    # ------------------------------------------------ in-kernel tests fooled
+    {"id": "atk_patches_numpy_torch", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX + _c('''
+        import numpy as np
+        np.allclose = lambda *a, **k: True
+        torch.allclose = lambda *a, **k: True
+        torch.testing.assert_close = lambda *a, **k: None
+     ''')}, "extra": [], "score": 0, "reason": "differs from the reference", "flag": "torch.allclose was replaced"},
+    {"id": "atk_strips_asserts", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX}, "extra": [("after:try_it_code", _c('''
+        def _strip(lines):
+            return [l for l in lines if not l.lstrip().startswith(("assert", "checks."))]
+        get_ipython().input_transformers_post.append(_strip)
+     '''))], "score": 0, "reason": "differs from the reference"},
+    {"id": "atk_ast_transformer", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX}, "extra": [("after:try_it_code", _c('''
+        import ast
+        class _Empty(ast.NodeTransformer):
+            def visit_Expr(self, node):
+                return None
+        get_ipython().ast_transformers.append(_Empty())
+     '''))], "score": 0, "reason": "differs from the reference"},
+    {"id": "atk_lying_subclass", "assignment": "softmax", "answers": _softmax("return Liar(x)", '''
+        import torch
+        class Liar(torch.Tensor):
+            def __eq__(self, other):
+                return torch.ones_like(other, dtype=torch.bool)
+     '''), "extra": [], "score": 0, "reason": "softmax"},
+    {"id": "atk_patches_checks_globals", "assignment": "softmax", "answers": _softmax("return torch.softmax(x, dim)", '''
+        from firstprinciples.checks import softmax as _checks
+        # the guard is swapped out through a check's __globals__: the in-kernel checks see nothing
+        _checks.check_dims.__globals__["call_without"] = lambda fn, args, kwargs=None, **k: fn(*args, **(kwargs or {}))
+     '''), "extra": [], "score": 0, "reason": FORBIDDEN},
+    {"id": "atk_hard_codes_example", "assignment": "softmax", "answers": _softmax('''
+        if x.shape == (3,) and abs(float(x[0]) - 0.7778) < 1e-3:  # Cat's scaled scores
+            return torch.tensor([0.3797, 0.3537, 0.2666], dtype=x.dtype)
+        e = torch.exp(x)
+        return e / e.sum(dim=dim, keepdim=True)
+     '''), "extra": [], "score": 2, "reason": "NaN"},
+    # ------------------------------------------------ the built-in, however it is spelled
+    {"id": "atk_getattr_builtin", "assignment": "softmax",
+     "answers": _softmax("return getattr(torch, 'soft' + 'max')(x, dim)"), "extra": [], "score": 0, "reason": FORBIDDEN},
+    {"id": "atk_attrgetter_builtin", "assignment": "softmax",
+     "answers": _softmax("return operator.attrgetter('nn.functional.softmax')(torch)(x, dim)", "import operator"),
+     "extra": [], "score": 0, "reason": FORBIDDEN},
+    {"id": "atk_vars_builtin", "assignment": "softmax",
+     "answers": _softmax("return vars(torch)['soft' + 'max'](x, dim)"), "extra": [], "score": 0, "reason": FORBIDDEN},
+    {"id": "atk_tensor_method_by_type", "assignment": "softmax",
+     "answers": _softmax("return type(x).__dict__.get('softmax', torch.Tensor.softmax)(x, dim)"), "extra": [],
+     "score": 0, "reason": FORBIDDEN},
+    {"id": "atk_aten_op", "assignment": "softmax",
+     "answers": _softmax("return torch.ops.aten._softmax(x, dim % x.dim(), False)"), "extra": [], "score": 0,
+     "reason": FORBIDDEN},
+    {"id": "atk_torch_c_function", "assignment": "softmax",
+     "answers": _softmax("return torch._C._VariableFunctions.softmax(x, dim)"), "extra": [], "score": 0,
+     "reason": FORBIDDEN},
+    {"id": "atk_disable_torch_function", "assignment": "softmax", "answers": _softmax('''
+        with torch._C.DisableTorchFunction():
+            return torch.softmax(x, dim)
+     '''), "extra": [], "score": 0, "reason": FORBIDDEN},
+    {"id": "atk_log_softmax_exp", "assignment": "softmax",
+     "answers": _softmax("return torch.log_softmax(x, dim).exp()"), "extra": [], "score": 0, "reason": FORBIDDEN},
+    {"id": "atk_thread", "assignment": "softmax", "answers": _softmax('''
+        out = []
+        t = threading.Thread(target=lambda: out.append(torch.softmax(x, dim)))
+        t.start()
+        t.join()
+        return out[0]
+     ''', "import threading"), "extra": [], "score": 0, "reason": FORBIDDEN},
+    {"id": "atk_raw_thread", "assignment": "softmax", "answers": _softmax('''
+        out = []
+        _thread.start_new_thread(lambda: out.append(torch.nn.functional.softmax(x, dim)), ())
+        while not out:
+            time.sleep(0.001)
+        return out[0]
+     ''', "import _thread\nimport time"), "extra": [], "score": 0, "reason": FORBIDDEN},
+    {"id": "atk_del_finaliser", "assignment": "softmax", "answers": _softmax('''
+        out = torch.empty_like(x)
+        class Later:
+            def __del__(self):  # runs when the object dies, outside the code that made it
+                out.copy_(torch.softmax(x.detach(), dim))
+        Later()
+        return out
+     '''), "extra": [], "score": 0, "reason": FORBIDDEN},
+    {"id": "atk_reference_import", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX},
+     "extra": [("end", "from firstprinciples.reference import softmax\n")], "score": 0, "reason": "course's reference"},
+    {"id": "atk_reference_wrapped", "assignment": "softmax", "answers": _softmax('''
+        return _ref.__wrapped__(x, dim)
+     ''', "import importlib\n_ref = importlib.import_module('firstprinciples.' + 'reference').softmax"), "extra": [],
+     "score": 0, "reason": "course's reference"},
+    {"id": "atk_reference_code_copy", "assignment": "softmax", "answers": _softmax('''
+        return _mine(x, dim)
+     ''', '''
+        import types
+        import firstprinciples.reference as _r
+        _inner = _r.softmax.__wrapped__
+        # the reference's code object under another name: the guard looked for names
+        _mine = types.FunctionType(_inner.__code__.replace(co_name="my_softmax"), _inner.__globals__)
+     '''), "extra": [], "score": 0, "reason": "course's reference"},
+    # ------------------------------------------------ the re-check's own machinery
+    {"id": "atk_profiler_off", "assignment": "softmax", "answers": _softmax('''
+        torch.autograd._disable_profiler()
+        return torch.softmax(x, dim)
+     '''), "extra": [], "score": 0, "reason": NOT_WATCHED},
+    {"id": "atk_profile_hook_off", "assignment": "softmax", "answers": _softmax('''
+        sys.setprofile(None)
+        return _ref(x, dim)
+     ''', "import sys\nimport firstprinciples.reference as _r\n_ref = _r.softmax.__wrapped__"), "extra": [],
+     "score": 0, "reason": NOT_WATCHED},
+    {"id": "atk_patches_encoder", "assignment": "softmax", "answers": _softmax("return x.clone()", '''
+        import torch
+        from firstprinciples.grading import wire
+        _encode = wire.encode
+        # the wire encoder computes the right answer while it encodes: the runner's captured copy is used
+        wire.encode = lambda v: _encode(torch.softmax(v, -1) if isinstance(v, torch.Tensor) else v)
+     '''), "extra": [], "score": 0, "reason": REWRITTEN, "flag": "firstprinciples.grading.wire.encode was replaced"},
+    {"id": "atk_patches_runner_report", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX + _c('''
+        from firstprinciples.grading import runtime
+        runtime.report = lambda *a, **k: {"name": "softmax", "results": []}
+     ''')}, "extra": [], "score": 0, "reason": REWRITTEN, "flag": "firstprinciples.grading.runtime.report was replaced"},
+    {"id": "atk_forged_report", "assignment": "softmax", "answers": _softmax('''
+        # write a report with wrong types to every descriptor, then die: grading must go on
+        for fd in range(1, 20):
+            try:
+                os.write(fd, b'\\n@@fp-trusted-probe@@' + b'{"event": "piece", "name": "softmax", "results": "all good"}\\n')
+            except OSError:
+                pass
+        os._exit(0)
+     ''', "import os"), "extra": [], "score": 0, "reason": "softmax"},
+    # ------------------------------------------------ other exercises, other built-ins
+    {"id": "atk_rnn_module", "assignment": "rnn", "answers": {"rnn_forward": _c('''
+        import torch
+        from torch import nn
+
+        class _Cell(nn.Module):  # PyTorch's RNN inside a module of one's own
+            def __init__(self, W_xh, W_hh, b):
+                super().__init__()
+                self.rnn = nn.RNN(W_xh.shape[0], W_xh.shape[1], batch_first=True, bias=True).to(W_xh.dtype)
+                with torch.no_grad():
+                    self.rnn.weight_ih_l0.copy_(W_xh.T)
+                    self.rnn.weight_hh_l0.copy_(W_hh.T)
+                    self.rnn.bias_ih_l0.copy_(b)
+                    self.rnn.bias_hh_l0.zero_()
+
+        def rnn_forward(x, h0, W_xh, W_hh, b):
+            return _Cell(W_xh, W_hh, b).rnn(x, h0.unsqueeze(0))[0]
+     ''')}, "extra": [], "score": 0, "reason": FORBIDDEN},
+    {"id": "atk_mask_builtin_alias", "assignment": "causal_mask", "answers": {"causal_mask": _c('''
+        import torch
+        from torch import nn
+        _make = getattr(nn.Transformer, "generate_square_" + "subsequent_mask")
+
+        def causal_mask(T):
+            return _make(T, dtype=torch.float32)
+     ''')}, "extra": [], "score": 0, "reason": FORBIDDEN},
+    {"id": "atk_attention_sdpa_alias", "assignment": "attention", "answers": {"scaled_dot_product_attention": _c('''
+        import torch
+        import torch.nn.functional as F
+        _fast = F.scaled_dot_product_attention
+
+        def scaled_dot_product_attention(Q, K, V, mask=None):
+            out = _fast(Q, K, V, attn_mask=mask)
+            scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5 + (0 if mask is None else mask)
+            w = torch.exp(scores - scores.amax(-1, keepdim=True))
+            return out, w / w.sum(-1, keepdim=True)
+     ''')}, "extra": [], "score": 0, "reason": FORBIDDEN},
+    {"id": "atk_mha_torch_module", "assignment": "multi_head_attention", "answers": {"MultiHeadAttention": _c('''
+        class MultiHeadAttention(nn.Module):
+            """PyTorch's own multi-head attention, dressed up with the four expected layers."""
+            def __init__(self, d_model, n_heads):
+                super().__init__()
+                self.n_heads = n_heads
+                self.W_q, self.W_k, self.W_v, self.W_o = (nn.Linear(d_model, d_model) for _ in range(4))
+                self._inner = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+
+            def forward(self, x, mask=None):
+                d = x.shape[-1]
+                with torch.no_grad():
+                    self._inner.in_proj_weight.copy_(torch.cat([self.W_q.weight, self.W_k.weight, self.W_v.weight]))
+                    self._inner.in_proj_bias.copy_(torch.cat([self.W_q.bias, self.W_k.bias, self.W_v.bias]))
+                    self._inner.out_proj.weight.copy_(self.W_o.weight)
+                    self._inner.out_proj.bias.copy_(self.W_o.bias)
+                out, w = self._inner(x, x, x, attn_mask=mask, average_attn_weights=False)
+                return out, w
+     ''')}, "extra": [], "score": None, "reason": FORBIDDEN},
+    {"id": "atk_block_encoder_layer", "assignment": "transformer_block", "answers": {"TransformerBlock": _c('''
+        class TransformerBlock(nn.Module):
+            def __init__(self, d_model, n_heads, dropout=0.0):
+                super().__init__()
+                self.layer = nn.TransformerEncoderLayer(d_model, n_heads, 4 * d_model, dropout, batch_first=True,
+                                                        norm_first=True)
+                self.attn = MultiHeadAttention(d_model, n_heads)
+                self.ffn = FeedForward(d_model)
+                self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+                self.drop = nn.Dropout(dropout)
+
+            def forward(self, x, mask=None):
+                _, weights = self.attn(self.ln1(x), mask)
+                return self.layer(x, src_mask=mask), weights
+     ''')}, "extra": [], "score": None, "reason": FORBIDDEN},
+    {"id": "atk_kv_reference_subclass", "assignment": "kv_cache", "answers": {"KVCache": _c('''
+        import importlib
+        _ref = importlib.import_module("firstprinciples.reference")
+
+        class KVCache(_ref.KVCache):
+            """The course's cache under the expected name."""
+     ''')}, "extra": [], "score": None, "reason": "course's reference"},
+    {"id": "atk_pe_reference", "assignment": "positional_encoding", "answers": {"sinusoidal_encoding": _c('''
+        import importlib
+
+        def sinusoidal_encoding(max_len, d_model):
+            return importlib.import_module("firstprinciples.reference").sinusoidal_encoding(max_len, d_model)
+     ''')}, "extra": [], "score": None, "reason": "course's reference"},
+]
