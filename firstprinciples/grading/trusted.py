@@ -198,7 +198,9 @@ def run_runner(command: list, cells: list, checks: list, limits: Limits, deadlin
                 what = "loading your code" if not loaded else f"{pending[0]} (over {phase_limit:g} s)"
                 if now >= deadline:
                     what += "; the re-check of this notebook ran out of time"
-                for n in pending[:1] if loaded else pending:
+                # a piece that hung is failed; a load that hung fails the pieces only when they
+                # were run alone (together, each gets a runner of its own with its own cells)
+                for n in pending[:1] if loaded else (pending if len(checks) == 1 else []):
                     results[n] = f"the re-check did not finish {what}"
                 break
             if not sel.select(timeout=min(left, 1.0)):
@@ -238,9 +240,7 @@ def run_runner(command: list, cells: list, checks: list, limits: Limits, deadlin
                 step_started, phase_limit = time.monotonic(), limits.piece
     finally:
         _kill(proc)
-    for n in pending:
-        results.setdefault(n, "the re-check ended before it reported this piece (it crashed or was killed)")
-    return loaded, results
+    return loaded, results  # a piece missing here was not reached: the runner died or stopped before it
 
 
 def _kill(proc) -> None:
@@ -262,42 +262,52 @@ def _kill(proc) -> None:
 
 
 def recheck(plan: Plan, command: list, limits: Limits | None = None) -> tuple[dict, list]:
-    """Run the re-check of every piece of the plan; return (name -> Outcome, notebook flags)."""
+    """Run the re-check of every piece of the plan; return (name -> Outcome, notebook flags).
+
+    All pieces go to one runner with the cells they depend on. A piece that the runner
+    did not reach (it died, e.g. ``os._exit`` in another piece's cell, or stopped at a
+    piece that hung) gets a runner of its own with only its own dependencies, so one
+    piece's fault costs only that piece. A piece that was missing or raised gets one more
+    try with every non-test cell loaded; the better verdict stands."""
     limits = limits or Limits()
     deadline = time.monotonic() + limits.total
     outcomes: dict = {}
     flags: list = []
-    todo = list(plan.checks)
-    for everything in (False, True):
-        runs = 0
-        while todo and time.monotonic() < deadline and runs < len(plan.checks) + 1:
-            runs += 1
-            cells = job_cells(plan, [c.name for c in todo], everything)
-            loaded, results = run_runner(command, cells, todo, limits, deadline)
-            context = _load_context(loaded)
-            for change in (loaded.get("changes") or []) if isinstance(loaded, dict) else []:
-                flags.extend(_change_flags(change))
-            machinery = [f for f in flags if f.startswith("!")]
-            rest = []
-            for check in todo:
-                res = results.get(check.name)
-                if isinstance(res, dict):
-                    found = outcome(check, res, machinery)
-                elif res is None:
-                    rest.append(check)  # not reached: the runner stopped at an earlier piece
-                    continue
-                else:
-                    found = Outcome(res)
-                found.context = context
-                if everything and check.name in outcomes and _failing(plan, check, found) >= _failing(
-                        plan, check, outcomes[check.name]):
-                    continue  # no better with every cell: keep the first verdict
+
+    def run(checks: list, everything: bool) -> list:
+        """Run ``checks`` in one runner; record their outcomes; return the ones not reached."""
+        cells = job_cells(plan, [c.name for c in checks], everything)
+        loaded, results = run_runner(command, cells, checks, limits, deadline)
+        context = _load_context(loaded)
+        for change in (loaded.get("changes") or []) if isinstance(loaded, dict) else []:
+            flags.extend(_change_flags(change))
+        machinery = [f for f in flags if f.startswith("!")]
+        missed = []
+        for check in checks:
+            res = results.get(check.name)
+            if res is None:
+                missed.append(check)
+                continue
+            found = outcome(check, res, machinery) if isinstance(res, dict) else Outcome(res)
+            found.context = context
+            old = outcomes.get(check.name)
+            if old is None or _failing(plan, check, found) < _failing(plan, check, old):
                 outcomes[check.name] = found
-            todo = rest
-        if not everything:
-            # pieces that failed for a reason other than what their code did wrong on purpose get one more try
-            todo = [c for c in plan.checks if c.name in outcomes and outcomes[c.name].retry()]
-    for check in todo:
+        return missed
+
+    for everything in (False, True):
+        todo = list(plan.checks) if not everything else [
+            c for c in plan.checks if c.name in outcomes and outcomes[c.name].retry()]
+        if not todo or time.monotonic() >= deadline:
+            continue
+        missed = run(todo, everything) if len(todo) > 1 else todo
+        for check in missed:  # each on its own
+            if time.monotonic() >= deadline:
+                break
+            if run([check], everything):
+                outcomes.setdefault(check.name, Outcome("the re-check ended before it reported this piece "
+                                                        "(the code it loads crashed or ended the process)"))
+    for check in plan.checks:
         outcomes.setdefault(check.name, Outcome("the re-check of this notebook ran out of time"))
     return outcomes, sorted(set(f.lstrip("!") for f in flags))
 
