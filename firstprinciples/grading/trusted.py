@@ -155,7 +155,9 @@ def job_cells(plan: Plan, names, everything: bool = False) -> list:
     if everything:
         chosen = candidates  # a cell that does not parse is sent too: its SyntaxError is the explanation
     else:
-        picked = {c.index for n in names for c in scan.dependencies(candidates, n)}
+        registry = probes.load()
+        wanted = set(names) | {m for n in names if n in registry for m in getattr(registry[n], "needs", ())}
+        picked = {c.index for n in wanted for c in scan.dependencies(candidates, n)}
         chosen = [c for c in candidates if c.index in picked]
     return [{"label": c.label, "source": c.python} for c in chosen]
 
