@@ -98,7 +98,18 @@ def _functions(obj, depth=0):
 def forbidden_python(torch_patterns=(), pieces=()) -> dict:
     """Code key -> qualified name of every Python function that a piece must not call:
     torch.nn's functions and classes whose qualified name holds one of ``torch_patterns``
-    and the course's reference pieces named in ``pieces``."""
+    and the course's reference pieces named in ``pieces`` (computed once per set of names,
+    in the runner before any student code)."""
+    key = (tuple(torch_patterns), tuple(pieces))
+    if key not in _FORBIDDEN:
+        _FORBIDDEN[key] = _forbidden_python(*key)
+    return dict(_FORBIDDEN[key])
+
+
+_FORBIDDEN: dict = {}
+
+
+def _forbidden_python(torch_patterns, pieces) -> dict:
     import firstprinciples.reference as reference
 
     out = {}

@@ -41,7 +41,7 @@ def report(namespace: dict, name: str, cases: list, codes: dict | None = None) -
                     entry = {"outputs": {k: _encode(v) for k, v in out.items()}}
                 except (Exception, SystemExit) as e:  # the answer's fault: reported, graded 0
                     entry = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
-                _gc_collect()  # finalisers of this case's objects run now, watched
+                _gc_collect(0)  # finalisers of this case's objects run now, watched (with gc off, all are young)
         finally:
             if was_enabled:
                 _gc_enable()
