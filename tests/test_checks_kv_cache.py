@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from firstprinciples import reference
 from firstprinciples.checks import kv_cache as C
-from checktable import assert_passes, naming_by_piece_test, outcome, rejections_test, variants_by_piece_test
+from checktable import (assert_fails_exactly, assert_passes, naming_by_piece_test, outcome, rejections_test,
+                        variants_by_piece_test)
 from seeds import seed_namespace
 
 
@@ -505,3 +506,216 @@ def test_checks_leave_the_global_rng_alone():
     C.check_one_token_at_a_time(einsum_step)
     C.check_generate(correct_generate, full=False)
     assert torch.equal(torch.rand(3), before)
+
+
+# ---------------------------------------------------------------- the student's own cache, handed to the step
+class HelperCache:
+    """A correct cache of the student's own with helper methods the course's KVCache lacks:
+    ``extend`` (which ``append`` is written on, keeping a count that only it sets) and
+    ``keys_and_values``."""
+
+    def __init__(self):
+        self.K = None
+        self.V = None
+
+    def extend(self, k, v):
+        self.K = k if self.K is None else torch.cat([self.K, k], dim=-2)
+        self.V = v if self.V is None else torch.cat([self.V, v], dim=-2)
+        self.extended = getattr(self, "extended", 0) + 1  # the cache's own state: set by extend only
+
+    def keys_and_values(self):
+        return self.K, self.V
+
+    def append(self, k, v):
+        self.extend(k, v)
+        return self.keys_and_values()
+
+    def __len__(self):
+        return 0 if self.K is None else self.K.shape[-2]
+
+
+def helper_step(x_new, cache, mha):
+    """A correct step that uses the helpers of its own cache (and never calls append)."""
+    B, T_new, d = x_new.shape
+    H = mha.n_heads
+    T_past = len(cache)
+
+    def split(t):
+        return t.view(B, T_new, H, d // H).transpose(1, 2)
+
+    cache.extend(split(mha.W_k(x_new)), split(mha.W_v(x_new)))
+    K, V = cache.keys_and_values()
+    out, w = C._attend(split(mha.W_q(x_new)), K, V, _chunk_mask(T_new, T_past, x_new.dtype))
+    return mha.W_o(out.transpose(1, 2).reshape(B, T_new, d)), w
+
+
+# The same answer as a notebook holds it: the step and generate find KVCache in their globals.
+HONEST_NOTEBOOK = '''
+import math
+import torch
+
+
+class KVCache:
+    def __init__(self):
+        self.K = None
+        self.V = None
+
+    def extend(self, k, v):
+        self.K = k if self.K is None else torch.cat([self.K, k], dim=-2)
+        self.V = v if self.V is None else torch.cat([self.V, v], dim=-2)
+        self.extended = getattr(self, "extended", 0) + 1
+
+    def keys_and_values(self):
+        return self.K, self.V
+
+    def append(self, k, v):
+        self.extend(k, v)
+        return self.keys_and_values()
+
+    def __len__(self):
+        return 0 if self.K is None else self.K.shape[-2]
+
+
+def cached_attention_step(x_new, cache, mha):
+    B, T_new, d = x_new.shape
+    H = mha.n_heads
+    T_past = len(cache)
+
+    def split(t):
+        return t.view(B, T_new, H, d // H).transpose(1, 2)
+
+    cache.extend(split(mha.W_k(x_new)), split(mha.W_v(x_new)))
+    K, V = cache.keys_and_values()
+    scores = split(mha.W_q(x_new)) @ K.transpose(-2, -1) / math.sqrt(d // H)
+    if T_new > 1:
+        scores = scores + torch.triu(torch.full((T_new, T_past + T_new), float("-inf"), dtype=x_new.dtype),
+                                     diagonal=T_past + 1)
+    weights = torch.softmax(scores, dim=-1)
+    return mha.W_o((weights @ V).transpose(1, 2).reshape(B, T_new, d)), weights
+
+
+def generate(mha, prompt, n_new):
+    cache, seq, x_new = KVCache(), prompt, prompt
+    for _ in range(n_new):
+        out, _ = cached_attention_step(x_new, cache, mha)
+        x_new = out[:, -1:]
+        seq = torch.cat([seq, x_new], dim=1)
+    return seq
+'''
+
+# A correct step written against the spec only (append, len), for a notebook whose own KVCache is broken.
+PLAIN_STEP = '''
+import math
+import torch
+
+
+def cached_attention_step(x_new, cache, mha):
+    B, T_new, d = x_new.shape
+    H = mha.n_heads
+    T_past = len(cache)
+
+    def split(t):
+        return t.view(B, T_new, H, d // H).transpose(1, 2)
+
+    K, V = cache.append(split(mha.W_k(x_new)), split(mha.W_v(x_new)))
+    scores = split(mha.W_q(x_new)) @ K.transpose(-2, -1) / math.sqrt(d // H)
+    if T_new > 1:
+        scores = scores + torch.triu(torch.full((T_new, T_past + T_new), float("-inf"), dtype=x_new.dtype),
+                                     diagonal=T_past + 1)
+    weights = torch.softmax(scores, dim=-1)
+    return mha.W_o((weights @ V).transpose(1, 2).reshape(B, T_new, d)), weights
+'''
+
+
+def notebook(source=HONEST_NOTEBOOK, **names):
+    """A kernel-like namespace: ``names``, then ``source`` run in it (its functions' globals are the namespace)."""
+    ns = dict(names)
+    exec(compile(source, "notebook", "exec"), ns)
+    return ns
+
+
+class UnansweredCache:
+    """The exercise's KVCache before it is answered."""
+
+    def __init__(self):
+        raise NotImplementedError()
+
+
+BROKEN_CACHES = {name: cls for (piece, name), (cls, _) in VARIANTS.items() if piece == "KVCache"}
+BROKEN_CACHES["unanswered"] = UnansweredCache
+STEP_CHECKS = {name: PIECES["cached_attention_step"][name] for name in STEP_ALL}
+
+
+@pytest.mark.parametrize("check", sorted(STEP_ALL))
+def test_a_step_using_helpers_of_its_own_cache_passes(check):
+    """Task: an honest step that calls helper methods of the student's own KVCache scored 4/11, because
+    the step checks handed it the course's cache. Given the class, or finding it in the notebook, they pass."""
+    fn = STEP_CHECKS[check]
+    assert not outcome(fn, helper_step)[0]  # with the course's cache (no KVCache where the step is defined)
+    assert_passes(functools.partial(fn, KVCache=HelperCache), helper_step, f"{check} with the class given")
+    assert_passes(fn, notebook()["cached_attention_step"], f"{check} with the notebook's KVCache")
+
+
+def test_the_honest_notebook_scores_full_marks_in_the_kernel():
+    """Every test cell of the KV-cache notebook, visible and hidden parts, passes the honest answer: 11/11."""
+    import nbformat
+    from course import SOLUTIONS
+
+    nb = nbformat.read(SOLUTIONS / "kv_cache/kv_cache.ipynb", as_version=4)
+    ns = notebook()
+    ns["checks"] = C
+    scored, total = 0, 0
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
+            total += meta["points"]
+            exec(compile(cell.source, meta["grade_id"], "exec"), ns)  # raises if the cell fails
+            scored += meta["points"]
+    assert (scored, total) == (11, 11)
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN_CACHES))
+def test_a_broken_cache_of_the_students_leaves_the_step_graded_on_its_own(broken, capsys):
+    """When the notebook's own KVCache fails its test, the step checks use the course's cache (and say so):
+    a correct step passes them, whatever is wrong with the cache."""
+    ns = notebook(PLAIN_STEP, KVCache=BROKEN_CACHES[broken])
+    for name, check in STEP_CHECKS.items():
+        assert_passes(check, ns["cached_attention_step"], f"{name} with the broken cache '{broken}'")
+    assert "Your KVCache fails its own test" in capsys.readouterr().out
+
+
+def test_the_fallback_is_named_when_the_step_fails():
+    """A step that needs the helpers of a broken cache of its own fails, and the message says which cache it had."""
+
+    class BrokenHelperCache(HelperCache):
+        def __len__(self):  # len counts nothing: the cache fails its own test
+            return 0
+
+    ok, err = outcome(functools.partial(C.check_one_token_at_a_time, KVCache=BrokenHelperCache), helper_step)
+    assert not ok and "Your KVCache fails its own test" in str(err) and "len(cache)" in str(err), str(err)
+    assert "course's KVCache" in str(err)
+
+
+OWN_CACHES = {"concatenating cache": CatCache, "cache with helpers": HelperCache}
+STEP_VARIANT_CASES = [(name, cache) for (piece, name) in sorted(VARIANTS) if piece == "cached_attention_step"
+                      for cache in OWN_CACHES]
+
+
+@pytest.mark.parametrize("variant, cache", STEP_VARIANT_CASES)
+def test_step_variants_fail_exactly_as_before_with_an_own_cache(variant, cache):
+    """With the student's own (correct) cache instead of the course's, every wrong step fails exactly the
+    checks it fails with the course's: what the step leaves in the cache is still seen (queries, inputs),
+    what the cache keeps by itself is not."""
+    fn, must_fail = VARIANTS[("cached_attention_step", variant)]
+    checks = {name: functools.partial(check, KVCache=OWN_CACHES[cache]) for name, check in STEP_CHECKS.items()}
+    assert_fails_exactly(checks, fn, must_fail, f"{variant} with the {cache}")
+
+
+def test_what_the_cache_keeps_by_itself_is_not_extra_state():
+    own = C.step_cache(helper_step, HelperCache)
+    assert own.cls is HelperCache and own.note is None and "extended" in own.own
+    assert C.step_cache(helper_step) is C.COURSE_CACHE  # nothing named KVCache where helper_step is defined
+    assert C.step_cache(reference.cached_attention_step) is C.COURSE_CACHE  # the reference's own module
+    assert C.step_cache(helper_step, "not a class") is C.COURSE_CACHE
+    fallback = C.step_cache(helper_step, DetachedCache)
+    assert fallback.cls is reference.KVCache and "require grad" in fallback.note

@@ -250,3 +250,98 @@ def test_a_hard_coded_forward_fails_the_re_check():
     C.check_model_forward(Fixed, full=False)
     got = verdicts(namespace(T.answer(StudentGPT=Fixed)), cells=tuple(MODEL_CELLS))
     assert {"test_model_forward", "test_generate_cached"} <= got
+
+
+# ====================================================================== the student's own KVCache with helper methods
+HELPER_CACHE = '''
+class KVCache:
+    def __init__(self):
+        self.K = None
+        self.V = None
+
+    def extend(self, k, v):
+        self.K = k if self.K is None else torch.cat([self.K, k], dim=-2)
+        self.V = v if self.V is None else torch.cat([self.V, v], dim=-2)
+        self.extended = getattr(self, "extended", 0) + 1
+
+    def keys_and_values(self):
+        return self.K, self.V
+
+    def append(self, k, v):
+        self.extend(k, v)
+        return self.keys_and_values()
+
+    def __len__(self):
+        return 0 if self.K is None else self.K.shape[-2]
+
+
+def cached_attention_step(x_new, cache, mha):
+    T_new, T_past = x_new.shape[1], len(cache)
+    q = split_heads(mha.W_q(x_new), mha.n_heads)
+    cache.extend(split_heads(mha.W_k(x_new), mha.n_heads), split_heads(mha.W_v(x_new), mha.n_heads))
+    K, V = cache.keys_and_values()
+    mask = None
+    if T_new > 1:
+        mask = torch.triu(torch.full((T_new, T_past + T_new), float("-inf"), dtype=x_new.dtype), diagonal=T_past + 1)
+    out, weights = scaled_dot_product_attention(q, K, V, mask)
+    return mha.W_o(merge_heads(out)), weights
+'''
+
+
+def test_a_step_using_helpers_of_its_own_cache_gets_every_cell():
+    """The capstone's step calls helpers of the notebook's own KVCache and never its append: the step's recap
+    gets the notebook's cache, and cached decoding counts the caches used through any of their methods
+    (not append only), in the checks and in the re-check."""
+    from firstprinciples.checks import capstone as C
+    from firstprinciples.checks import kv_cache as kv
+
+    ns = solution_namespace()
+    exec(HELPER_CACHE, ns)
+    kv.check_kv_cache(ns["KVCache"], full=False)
+    kv.check_one_token_at_a_time(ns["cached_attention_step"])
+    C.check_generate_cached(ns["generate_cached"], ns["StudentGPT"], ns["KVCache"])
+    C.check_generate_trained(ns["generate_cached"], ns["model"], ns["corpus"], ns["KVCache"])
+    cells = (*MODEL_CELLS, *TRAINED_CELLS, "recap_kv_cache", "test_cached_attention_step")
+    assert verdicts(ns, cells=cells) == set()
+
+
+def test_caches_are_counted_through_any_method_and_the_class_is_restored():
+    from firstprinciples.checks import capstone as C
+
+    ns = solution_namespace()
+    exec(HELPER_CACHE, ns)
+    Cache = ns["KVCache"]
+    before = dict(vars(Cache))
+    used, undo = C.recording_caches(Cache)
+    a, b = Cache(), Cache()
+    a.extend(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
+    b.keys_and_values()
+    len(Cache())  # special methods are not a use
+    a.append(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
+    undo()
+    assert len(used) == 2 and used[0] is a and used[1] is b
+    assert dict(vars(Cache)) == before
+
+    class Sub(Cache):  # methods of a base: patched on the class, removed afterwards
+        pass
+
+    used, undo = C.recording_caches(Sub)
+    Sub().extend(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
+    undo()
+    assert len(used) == 1 and "extend" not in vars(Sub) and vars(Cache)["extend"] is before["extend"]
+
+
+def test_the_decoder_probe_takes_its_classes_from_the_namespace():
+    """``generate_cached`` needs StudentGPT and KVCache: the runner's namespace, else the decoder's globals;
+    the reference side binds them to TinyGPT and the course's KVCache."""
+    from firstprinciples.capstone.model import TinyGPT
+    from firstprinciples.grading.probes import capstone as P
+    from firstprinciples.reference import KVCache
+
+    probe = probes.load()["generate_cached"]
+    assert probe.needs == ("StudentGPT", "KVCache")
+    assert probes.reference_namespace(probe) == {"StudentGPT": TinyGPT, "KVCache": KVCache}
+    ns = solution_namespace()
+    assert P._model_class(P.reference_generate_cached, ns) is ns["StudentGPT"]
+    assert P._cache_class(lambda: None, ns) is ns["KVCache"]
+    assert P._model_class(ns["generate_cached"]) is ns["StudentGPT"]  # through the globals

@@ -18,6 +18,7 @@ import test_checks_encoder_decoder as ED
 import test_checks_position as P
 import test_checks_qkv as Q
 import test_checks_rnn as R
+from course import as_student_code
 from firstprinciples import reference
 
 
@@ -106,4 +107,152 @@ CROSS_CELLS = {
 }
 test_cross_attention_agrees = agreement_test(
     "encoder_decoder/encoder_decoder.ipynb", "cross_attention", CROSS_CELLS, ED.CORRECT, ED.VARIANTS,
-    {"scaled_dot_product_attention": reference.scaled_dot_product_attention.__wrapped__})
+    {"scaled_dot_product_attention": as_student_code(reference.scaled_dot_product_attention)})
+
+
+# ---------------------------------------------------------------- the audit of the re-checks that do not compare values
+# Every Aspect in "structure" mode stands for a test cell whose checks (visible and hidden) do not compare
+# values with the reference either: shapes, dtypes and a property (rows summing to 1, the first state, RoPE's
+# relative positions, causality), or gradients checked against finite differences of the answer itself
+# (gradcheck; the gradient cells that compare with the reference or torch, softmax's, the KV cache's and
+# the KV step's, are compared in "values" mode). So an answer with the right structure and property but wrong
+# values keeps such a cell, in the kernel as in the re-check, and loses the cells that do compare values.
+# (The comment of attention's test_batched_shapes says "and values"; check_batched_shapes does not compare
+# them, by design: its docstring and the check table's "no scaling" passing "shapes" say so.)
+import math  # noqa: E402
+
+import pytest  # noqa: E402
+
+import torch  # noqa: E402
+
+import test_checks_block as Bk  # noqa: E402
+import test_checks_capstone as Cap  # noqa: E402
+import test_checks_multihead as M  # noqa: E402
+from checktable import outcome  # noqa: E402
+from firstprinciples.checks import attention as A_checks  # noqa: E402
+from firstprinciples.checks import block as Bk_checks  # noqa: E402
+from firstprinciples.checks import capstone as Cap_checks  # noqa: E402
+from firstprinciples.checks import causal_mask as CM_checks  # noqa: E402
+from firstprinciples.checks import encoder_decoder as ED_checks  # noqa: E402
+from firstprinciples.checks import multihead as M_checks  # noqa: E402
+from firstprinciples.checks import position as P_checks  # noqa: E402
+from firstprinciples.checks import qkv as Q_checks  # noqa: E402
+from firstprinciples.checks import rnn as R_checks  # noqa: E402
+from probetable import trusted_failures  # noqa: E402
+
+
+def _sharp_attention(Q_, K, V, mask=None):
+    """Rows that are distributions, of the right shapes: the scores scaled twice too little."""
+    s = Q_ @ K.transpose(-2, -1) * 2 / math.sqrt(Q_.shape[-1]) + (0 if mask is None else mask)
+    w = torch.softmax(s, dim=-1)
+    return w @ V, w
+
+
+def _plain_attention(Q_, K, V, mask=None, doubled=False):
+    s = Q_ @ K.transpose(-2, -1) / math.sqrt(Q_.shape[-1]) + (0 if mask is None else mask)
+    w = torch.softmax(s, dim=-1)
+    return (2 if doubled else 1) * (w @ V), w
+
+
+def _doubled(fn):
+    """The answer's outputs times 2: honest gradients of wrong values (answers written in the tests, not
+    the reference's code, which the re-check's runner sees as a call of the reference)."""
+    def answer(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        return tuple(2 * t for t in out) if isinstance(out, tuple) else 2 * out
+
+    return answer
+
+
+def _later_states_off(x, h0, W_xh, W_hh, b):
+    h, states = h0, []
+    for t in range(x.shape[1]):
+        h = torch.tanh(x[:, t] @ W_xh + h @ W_hh + b) * (1.0 if t == 0 else 0.9)
+        states.append(h)
+    return torch.stack(states, dim=1)
+
+
+def _module_doubled(base):
+    def forward(self, *args, **kwargs):
+        out, w = base.forward(self, *args, **kwargs)
+        return 2 * out, w
+
+    return type(f"{base.__name__}Doubled", (base,), {"forward": forward})
+
+
+class _GPTDoubled(Cap.GoodGPT):
+    def forward(self, idx):
+        logits, atts = super().forward(idx)
+        return 2 * logits, atts
+
+
+def _cell(*checks):
+    def run(answer):
+        for check in checks:
+            check(answer)
+
+    return run
+
+
+AUDIT = {
+    # id: (notebook, piece, answer, base, (structure cell, its checks), a values cell it loses)
+    "attention batched shapes": (
+        "attention/scaled_dot_product_attention.ipynb", "scaled_dot_product_attention", _sharp_attention, {},
+        ("test_batched_shapes", _cell(A_checks.check_batched_shapes)), "test_random_against_torch"),
+    "attention gradients": (
+        "attention/scaled_dot_product_attention.ipynb", "scaled_dot_product_attention",
+        lambda Q_, K, V, mask=None: _plain_attention(Q_, K, V, mask, doubled=True), {},
+        ("test_gradients_and_inputs", _cell(A_checks.check_gradients_and_inputs)), "test_random_against_torch"),
+    "rnn shapes and first step": (
+        "rnn/rnn_forward.ipynb", "rnn_forward", _later_states_off, {},
+        ("test_shapes_and_first_step", _cell(R_checks.check_shapes_and_first_step)), "test_random_against_torch"),
+    "rnn gradients": (
+        "rnn/rnn_forward.ipynb", "rnn_forward", _doubled(R.einsum_and_unbind), {},
+        ("test_gradients_and_inputs", _cell(R_checks.check_gradients_and_inputs)), "test_random_against_torch"),
+    "project_qkv gradients": (
+        QKV, "project_qkv", _doubled(Q.project_with_einsum), {"dot_product_scores": Q.scores_correct},
+        ("test_project_gradients_and_inputs", _cell(Q_checks.check_projection_gradients_and_inputs)),
+        "test_project_random"),
+    "dot_product_scores gradients": (
+        QKV, "dot_product_scores", _doubled(Q.scores_with_einsum), {"project_qkv": Q.project_correct},
+        ("test_scores_gradients_and_inputs", _cell(Q_checks.check_scores_gradients_and_inputs)), "test_scores_random"),
+    "rope relative position": (
+        POSITION, "apply_rope", lambda x, base=10000.0: P.rope_complex(x, base=500.0),
+        {"sinusoidal_encoding": P.correct_table},
+        ("test_rope_relative_position", _cell(P_checks.check_rope_relative_position)), "test_rope_shapes"),
+    "rope gradients": (
+        POSITION, "apply_rope", _doubled(P.rope_complex), {"sinusoidal_encoding": P.correct_table},
+        ("test_rope_gradients_and_inputs", _cell(P_checks.check_rope_gradients_and_inputs)), "test_rope_shapes"),
+    "causal_mask shapes and dtype": (
+        "causal_mask/causal_mask.ipynb", "causal_mask", lambda T: torch.zeros(T, T), {},
+        ("test_shapes_and_dtype", _cell(CM_checks.check_shapes_and_dtype)), "test_values"),
+    "cross_attention shapes": (
+        "encoder_decoder/encoder_decoder.ipynb", "cross_attention",
+        lambda x, c, W_q, W_k, W_v, mask=None: _sharp_attention(x @ W_q, c @ W_k, c @ W_v, mask),
+        {"scaled_dot_product_attention": _plain_attention},
+        ("test_shapes", _cell(ED_checks.check_shapes)), "test_against_torch"),
+    "cross_attention gradients": (
+        "encoder_decoder/encoder_decoder.ipynb", "cross_attention",
+        lambda x, c, W_q, W_k, W_v, mask=None: _plain_attention(x @ W_q, c @ W_k, c @ W_v, mask, doubled=True),
+        {"scaled_dot_product_attention": _plain_attention},
+        ("test_gradients_and_inputs", _cell(ED_checks.check_gradients_and_inputs)), "test_against_torch"),
+    "MultiHeadAttention gradients": (
+        "multi_head_attention/multi_head_attention.ipynb", "MultiHeadAttention", _module_doubled(M.GoodMHA), {},
+        ("test_mha_gradients_and_inputs", _cell(M_checks.check_mha_gradients_and_inputs)),
+        "test_mha_against_reference"),
+    "TransformerBlock gradients": (
+        "transformer_block/transformer_block.ipynb", "TransformerBlock", _module_doubled(Bk.GoodBlock), {},
+        ("test_block_gradients_and_inputs", _cell(Bk_checks.check_block_gradients_and_inputs)),
+        "test_block_against_reference"),
+    "StudentGPT causal": (
+        "capstone/capstone.ipynb", "StudentGPT", _GPTDoubled, {},
+        ("test_model_causal", _cell(Cap_checks.check_model_causal)), "test_model_forward"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(AUDIT))
+def test_a_cell_that_compares_no_values_is_re_checked_without_values(name):
+    notebook, piece, answer, base, (cell, checks), values_cell = AUDIT[name]
+    ok, err = outcome(checks, answer)
+    assert ok, f"the in-kernel checks of {cell} reject the answer: {err}"
+    assert trusted_failures(notebook, {**base, piece: answer}, 0, (cell, values_cell)) == {values_cell}

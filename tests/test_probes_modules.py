@@ -15,7 +15,7 @@ import functools
 
 import nbformat
 import pytest
-from course import SOLUTIONS
+from course import SOLUTIONS, as_student_code
 from probetable import agreement_test
 
 import test_checks_block as Bk
@@ -31,9 +31,9 @@ KV_NB = "kv_cache/kv_cache.ipynb"
 CAPSTONE_NB = "capstone/capstone.ipynb"
 
 # ====================================================================== split_heads, merge_heads
-SPLIT_CORRECT = {"unflatten and permute": M.good_split, "reference": reference.split_heads.__wrapped__}
+SPLIT_CORRECT = {"unflatten and permute": M.good_split, "reference": as_student_code(reference.split_heads)}
 MERGE_CORRECT = {"permute and flatten": M.good_merge, "cat of heads": M.merge_cat_of_heads,
-                 "reference": reference.merge_heads.__wrapped__}
+                 "reference": as_student_code(reference.merge_heads)}
 
 test_split_heads_agrees = agreement_test(
     MHA_NB, "split_heads", {"test_split_heads": {"split", "split_visible"}}, SPLIT_CORRECT, M.SPLIT_VARIANTS, {})
@@ -143,3 +143,71 @@ def test_cache_as_a_part_of_cached_generation(name):
     for grade_id in ("test_generate_cached", "test_generate_trained"):
         reason = _reason(CAPSTONE_NB, "KVCache", answer, grade_id)
         assert (reason is None) == usable, (name, grade_id, reason)
+
+
+# ====================================================================== the student's own KVCache, handed to the step
+from probetable import SEEDS, trusted_failures  # noqa: E402
+
+KV_CELLS = ("test_kv_cache", "test_one_token_at_a_time", "test_prompt_then_tokens", "test_step_gradients",
+            "test_generate")
+STEP_CELLS = ("test_one_token_at_a_time", "test_prompt_then_tokens", "test_step_gradients")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_honest_notebook_with_cache_helpers_passes_the_re_check(seed):
+    """A step that calls helper methods of the notebook's own KVCache (extend, keys_and_values) gets every
+    test cell from the re-check, as from the checks (tests/test_checks_kv_cache.py: 11/11)."""
+    assert trusted_failures(KV_NB, C.notebook(), seed, KV_CELLS) == set()
+
+
+def test_the_step_probe_takes_the_cache_from_the_namespace():
+    """The probe ``needs`` KVCache: given the notebook's namespace (the runner's third argument) it uses
+    that class, even for a step defined elsewhere; without it (and none in the step's globals) the course's,
+    on which a step using the helpers raises. The reference side gets ``reference_namespace``."""
+    import numpy as np
+
+    from firstprinciples.grading import probes
+
+    probe = probes.load()["cached_attention_step"]
+    assert probe.needs == ("KVCache",)
+    assert probes.reference_namespace(probe) == {"KVCache": reference.KVCache}
+    assert probes.needed(probe, {"KVCache": C.HelperCache, "x": 1}) == {"KVCache": C.HelperCache}
+    ref_ns = probes.reference_namespace(probe)
+    for enc in (probes.encode_case(c) for c in probe.cases(np.random.default_rng(3))):
+        case = probes.decode_case(enc)
+        with pytest.raises(AttributeError):
+            probe.run(C.helper_step, case)
+        got = probe.run(C.helper_step, probes.decode_case(enc), {"KVCache": C.HelperCache})
+        want = probe.run(probe.reference, probes.decode_case(enc), ref_ns)
+        assert set(got) == set(want)
+        for key in want:
+            reason = trusted.compare(wire.encode(got[key]), wire.encode(want[key]), key, probe.tolerance)
+            assert reason is None, (wire.scalar(enc["label"]), reason)
+
+
+@pytest.mark.parametrize("broken", sorted(C.BROKEN_CACHES))
+def test_a_broken_cache_of_the_students_leaves_the_step_re_checked_on_its_own(broken):
+    """As in the checks: a correct step next to a broken KVCache keeps the step's cells in the re-check
+    (which uses the course's cache for it); the cache's own cell is the one that fails."""
+    ns = C.notebook(C.PLAIN_STEP, KVCache=C.BROKEN_CACHES[broken])
+    assert trusted_failures(KV_NB, ns, 0, STEP_CELLS) == set()
+    assert trusted_failures(KV_NB, ns, 0, ("test_kv_cache",)) == {"test_kv_cache"}
+
+
+@pytest.mark.parametrize("variant", sorted(STEP_VARIANTS))
+def test_step_variants_fail_the_re_check_as_before_with_an_own_cache(variant):
+    """Each wrong step, defined in a notebook whose own KVCache is correct (with helpers), so that the checks
+    and the probe hand it that cache, fails exactly the cells it fails with the course's cache, in the
+    checks and in the re-check alike."""
+    from checktable import failed_checks
+
+    fn, fails = STEP_VARIANTS[variant]
+    ns = C.notebook(_variant=fn)
+    exec("def cached_attention_step(x_new, cache, mha):\n    return _variant(x_new, cache, mha)\n", ns)
+    step = ns["cached_attention_step"]
+    assert C.C.step_cache(step).cls is ns["KVCache"]  # C.C: the checks module
+    assert failed_checks(C.STEP_CHECKS, step) == fails
+    cells = {"test_one_token_at_a_time": {"one_token"}, "test_prompt_then_tokens": {"prompt"},
+             "test_step_gradients": {"step_grads"}}
+    want = {gid for gid, checks in cells.items() if checks & fails}
+    assert trusted_failures(KV_NB, ns, 1, cells) == want

@@ -20,7 +20,8 @@ of ``checks.block.reference_block``). Cached decoding is compared with uncached
 greedy decoding of the same model (``model(ids)`` on the whole sequence at every
 step): the token ids must be equal, the logits equal within the tolerance of
 their dtype; forward hooks count the key rows each block projects (the prompt
-once, then one per token) and every ``KVCache.append`` is recorded (one cache per block).
+once, then one per token) and every ``KVCache`` object that a method of the class is called
+on is recorded (one cache per block: ``append``, or a helper method of the student's own).
 
 Tolerances: random models are compared in float64 (``_core.TOLERANCES``:
 1e-10 + 1e-8 |value|); the trained float32 model's cached logits may differ from
@@ -38,6 +39,8 @@ impossible without seeing the next token (a missing causal mask).
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 import torch
@@ -361,10 +364,47 @@ GENERATE_MISTAKES = (
 )
 
 
-def _counting(model, KVCache):
-    """Hooks counting the key rows each block's attention projects; a patch recording every cache appended to."""
-    counts = [0] * len(model.blocks)
+_NOT_USE = frozenset({"__init__", "__new__", "__init_subclass__", "__subclasshook__", "__class_getitem__"})
+
+
+def recording_caches(KVCache):
+    """Patch every method of the class ``KVCache`` (its own and its bases', not object's; not the
+    constructor nor special methods such as ``__len__``) to record the objects it is called on:
+    ``append`` as the course's cache has it, or a helper method of the student's own that the step
+    calls instead. Returns (the list of distinct objects used, a function that undoes the patch)."""
     used = []
+    patched = {}
+    for klass in KVCache.__mro__:
+        if klass is object:
+            continue
+        for name, value in vars(klass).items():
+            if name in patched or name in _NOT_USE or (name.startswith("__") and name.endswith("__")):
+                continue
+            if not inspect.isfunction(value):  # staticmethod, classmethod, property, data: not a call on a cache
+                continue
+            patched[name] = (name in vars(KVCache), vars(KVCache).get(name))
+
+            def method(self, *args, _original=value, **kwargs):
+                if not any(c is self for c in used):
+                    used.append(self)
+                return _original(self, *args, **kwargs)
+
+            functools.update_wrapper(method, value)
+            setattr(KVCache, name, method)
+
+    def undo():
+        for name, (own, original) in patched.items():
+            if own:
+                setattr(KVCache, name, original)
+            else:
+                delattr(KVCache, name)
+
+    return used, undo
+
+
+def _counting(model, KVCache):
+    """Hooks counting the key rows each block's attention projects; a patch recording every cache used."""
+    counts = [0] * len(model.blocks)
 
     def hook(i):
         def record(module, inputs, output):
@@ -377,17 +417,10 @@ def _counting(model, KVCache):
         if W_k is None:
             raise AssertionError("Your blocks should hold your MultiHeadAttention as attn, with a layer attn.W_k.")
         handles.append(W_k.register_forward_hook(hook(i)))
-    original = KVCache.append
-
-    def append(self, k, v):
-        if not any(c is self for c in used):
-            used.append(self)
-        return original(self, k, v)
-
-    KVCache.append = append
+    used, unpatch = recording_caches(KVCache)
 
     def undo():
-        KVCache.append = original
+        unpatch()
         for h in handles:
             h.remove()
 
@@ -459,7 +492,7 @@ def _judge_generation(out, logits, counts, n_caches, want_ids, want_logits, mode
     n_layers = len(model.blocks)
     if n_caches != n_layers:
         raise AssertionError(
-            f"generate_cached appended to {n_caches} KVCache object(s) for a model of {n_layers} blocks: "
+            f"generate_cached used {n_caches} KVCache object(s) for a model of {n_layers} blocks: "
             "make one of your KVCache per block and let cached_attention_step append to it."
         )
     needed = T_p + n_new - 1

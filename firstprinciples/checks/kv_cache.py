@@ -21,6 +21,15 @@ hooks count the rows that ``W_q``, ``W_k`` and ``W_v`` project at every step (on
 per new token with a cache, the whole prefix without), and the returned weights
 show the size of each step's score matrix.
 
+The step checks hand the step the student's own ``KVCache`` (``step_cache``): the
+class they are given, else the notebook's, found through the step's globals (the
+test cells pass the step alone), so that a step may call helper methods of its own
+cache; what the cache keeps by itself is not counted as state the step left in it.
+When the student's class fails its own test (``check_kv_cache`` and
+``check_kv_cache_gradients``), or there is none, they use the course's KVCache
+instead, so that the step is graded on its own, and say so (printed, and in the
+message of a failure).
+
 Tolerances (``_core.TOLERANCES``): float32 1e-5 + 1e-4 |value|, float64 1e-10 + 1e-8 |value|.
 Cached decoding does the same arithmetic as full recomputation, one query row
 at a time instead of the whole matrix, so only the order of the d_k-term and
@@ -33,8 +42,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import dis
+import inspect
+import io
 import itertools
 import math
+import types
 
 import torch
 
@@ -267,11 +280,12 @@ def _check_cache_case(cls, chunks, B=2, H=2, d_k=4, d_v=4, dtype=torch.float64, 
     return record
 
 
-def check_kv_cache(KVCache, full=True):
+def check_kv_cache(KVCache, full=True, verbose=True):
     """Appending a prompt chunk, then one position at a time: returned K and V,
     the attributes K and V, len(cache), dtype, untouched inputs.
 
-    ``full=False`` runs the visible case only (float64, B=2, H=2, d_k=4).
+    ``full=False`` runs the visible case only (float64, B=2, H=2, d_k=4);
+    ``verbose=False`` prints nothing.
     """
     cache = call_without(KVCache, (), **CACHE_FORBIDDEN)
     n = call_without(len, (cache,), **CACHE_FORBIDDEN)
@@ -283,8 +297,9 @@ def check_kv_cache(KVCache, full=True):
         )
     for chunks in ((1, 1, 1), (3, 1, 2)):
         record = _check_cache_case(KVCache, chunks)
-        print(f"appending {list(chunks)} positions: K grew {' -> '.join(str(tuple(r[0].shape)) for r in record)}; "
-              f"len(cache) = {record[-1][2]}.")
+        if verbose:
+            print(f"appending {list(chunks)} positions: K grew {' -> '.join(str(tuple(r[0].shape)) for r in record)}; "
+                  f"len(cache) = {record[-1][2]}.")
     if not full:
         return
     for seed, (chunks, B, H, d_k, d_v) in enumerate(
@@ -325,6 +340,123 @@ def check_kv_cache_gradients(KVCache):
                     "each appended entry should pass its gradient straight through (torch.cat does)."
                 )
         start += n
+
+
+# ---------------------------------------------------------------- the cache handed to the step
+@dataclasses.dataclass(frozen=True)
+class StepCache:
+    """The cache class that the step checks (and the step's trusted probe) hand to the step.
+
+    ``cls``: the student's KVCache, or the course's; ``own``: the attributes the class
+    keeps by itself besides K and V (those its methods set, and those a cache holds after
+    a few appends), which the step may leave in the cache; ``note``: why the course's
+    cache is used instead of the student's (None when it is not, or there is none).
+    """
+
+    cls: type
+    own: frozenset = frozenset()
+    note: str | None = None
+
+    def new(self):
+        return self.cls()
+
+    def extra(self, cache) -> tuple:
+        """What the step left in ``cache`` besides K, V and the cache's own state."""
+        held = getattr(cache, "__dict__", None)
+        return tuple(sorted(set(held if isinstance(held, dict) else ()) - {"K", "V"} - self.own))
+
+
+COURSE_CACHE = StepCache(_RefCache)
+
+
+def notebook_cache(step):
+    """The class named ``KVCache`` where ``step`` was defined (a notebook's namespace), or None."""
+    try:
+        fn = inspect.unwrap(step)
+    except Exception:  # a broken __wrapped__ chain
+        fn = step
+    g = getattr(fn, "__globals__", None)
+    cls = g.get("KVCache") if isinstance(g, dict) else None
+    return cls if isinstance(cls, type) else None
+
+
+def cache_problem(KVCache):
+    """None if ``KVCache`` passes its own test (check_kv_cache, all cases, and
+    check_kv_cache_gradients), else the first line of what fails, quietly."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            check_kv_cache(KVCache, verbose=False)
+            check_kv_cache_gradients(KVCache)
+    except Exception as err:  # any failure of the student's class: the step is graded without it
+        first = (str(err).strip().splitlines() or [""])[0]
+        what = first if isinstance(err, AssertionError) else f"{type(err).__name__}: {first}".rstrip(": ")
+        return what[:300]
+    return None
+
+
+def _functions(cls):
+    for klass in cls.__mro__:
+        if klass is object:
+            continue
+        for value in vars(klass).values():
+            for f in (value, getattr(value, "__func__", None), getattr(value, "fget", None),
+                      getattr(value, "fset", None)):
+                if callable(f):
+                    try:
+                        f = inspect.unwrap(f)
+                    except Exception:
+                        pass
+                    if isinstance(getattr(f, "__code__", None), types.CodeType):
+                        yield f.__code__
+
+
+def _stored_attributes(code):
+    names = set()
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("STORE_ATTR", "DELETE_ATTR"):
+            names.add(ins.argval)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _stored_attributes(const)
+    return names
+
+
+def own_attributes(cls):
+    """The attributes ``cls`` keeps by itself: those its methods assign, and those an
+    instance holds after a few appends (K and V aside)."""
+    names = set()
+    for code in _functions(cls):
+        names |= _stored_attributes(code)
+    try:
+        with torch.random.fork_rng(devices=[]), contextlib.redirect_stdout(io.StringIO()):
+            cache = cls()
+            seen = set(getattr(cache, "__dict__", {}))
+            g = torch.Generator().manual_seed(0)
+            for n in (2, 1, 1):
+                cache.append(torch.randn(1, 2, n, 3, generator=g, dtype=torch.float64),
+                             torch.randn(1, 2, n, 3, generator=g, dtype=torch.float64))
+                len(cache)
+                seen |= set(getattr(cache, "__dict__", {}))
+        names |= seen
+    except Exception:  # pragma: no cover - the class passed its test before this runs
+        pass
+    return frozenset(names - {"K", "V"})
+
+
+def step_cache(step, KVCache=None) -> StepCache:
+    """The cache for the checks of ``step``: the student's own KVCache (``KVCache``, or the
+    notebook's found through the step's globals) when it passes its own test, else the
+    course's, with a note saying why. Without a class of the student's (none given or
+    found, or not a class): the course's, with no note."""
+    cls = notebook_cache(step) if KVCache is None else KVCache
+    if not isinstance(cls, type) or cls is _RefCache:  # no class of the student's: the course's, as before
+        return COURSE_CACHE
+    why = cache_problem(cls)
+    if why is not None:
+        note = (f"Your KVCache fails its own test ({why.rstrip('.')}), so this test gave your step the course's "
+                "KVCache instead: your step is graded on its own, with the course's cache.append, len, K and V.")
+        return StepCache(_RefCache, frozenset(), note)
+    return StepCache(cls, own_attributes(cls))
 
 
 # ---------------------------------------------------------------- step mistakes
@@ -467,9 +599,9 @@ class _StepRun:
     extra: list
 
 
-def _step_run(step, mha, x, chunks, guarded, x_leaf=None):
-    """Feed x (B, T, d_model) to ``step`` in ``chunks``, with a fresh reference cache."""
-    cache = _RefCache()
+def _step_run(step, mha, x, chunks, guarded, cache_class=COURSE_CACHE):
+    """Feed x (B, T, d_model) to ``step`` in ``chunks``, with a fresh cache of ``cache_class`` (a StepCache)."""
+    cache = cache_class.new()
     run = _StepRun([], [], [], [], [], [])
     start = 0
     with counting_rows(mha) as counts:
@@ -485,7 +617,7 @@ def _step_run(step, mha, x, chunks, guarded, x_leaf=None):
             run.lens.append(len(cache))
             run.shapes.append(None if cache.K is None else tuple(cache.K.shape))
             run.rows.append(tuple(counts[k] - before[k] for k in ("W_q", "W_k", "W_v")))
-            run.extra.append(tuple(sorted(set(vars(cache)) - {"K", "V"})))
+            run.extra.append(cache_class.extra(cache))
             start += n
     return run
 
@@ -499,13 +631,16 @@ def _same_step_run(a, b):
     return all(close(p, q, *tolerance(q.dtype)) for p, q in zip(a.outputs + a.weights, b.outputs + b.weights))
 
 
-def _diagnose_step(run, mha, x, chunks):
+def _diagnose_step(run, mha, x, chunks, cache_class=COURSE_CACHE):
     with torch.no_grad():
-        right = _step_run(_ref_step, mha, x, chunks, guarded=False)
+        try:
+            right = _step_run(_ref_step, mha, x, chunks, guarded=False, cache_class=cache_class)
+        except Exception:  # pragma: no cover - the student's cache passed its test
+            right = None
         found = []
         for m in STEP_MISTAKES:
             try:
-                res = _step_run(m.fn, mha, x, chunks, guarded=False)
+                res = _step_run(m.fn, mha, x, chunks, guarded=False, cache_class=cache_class)
             except Exception:
                 continue
             if _same_step_run(run, res) and not _same_step_run(res, right):
@@ -520,10 +655,30 @@ def _case(B, T, d_model, n_heads, dtype, seed):
     return mha, x
 
 
-def _check_steps(step, mha, x, chunks, *, verbose=False):
+@contextlib.contextmanager
+def _with_note(note):
+    """Re-raise a failure with ``note`` (why the course's cache was used) added to its message."""
+    try:
+        yield
+    except AssertionError as err:
+        if not note:
+            raise
+        raise type(err)(f"{err}\n({note})") from None
+    except Exception as err:  # the step raised (say, calling a method the course's cache lacks)
+        if not note:
+            raise
+        raise AssertionError(f"Your step raised {type(err).__name__}: {err}\n({note})") from err
+
+
+def _check_steps(step, mha, x, chunks, *, cache_class=COURSE_CACHE, verbose=False):
+    with _with_note(cache_class.note):
+        return _check_steps_with(step, mha, x, chunks, cache_class, verbose)
+
+
+def _check_steps_with(step, mha, x, chunks, cache_class, verbose):
     B, T, d_model = x.shape
     H, d_k = mha.n_heads, d_model // mha.n_heads
-    run = _step_run(step, mha, x, chunks, guarded=True)
+    run = _step_run(step, mha, x, chunks, guarded=True, cache_class=cache_class)
     full_out, full_w = full_recomputation(mha, x)
     dtype = str(x.dtype).replace("torch.", "")
     label = f"(B={B}, d_model={d_model}, n_heads={H}, {dtype}, new tokens per call {list(chunks)})"
@@ -573,8 +728,9 @@ def _check_steps(step, mha, x, chunks, *, verbose=False):
             if run.extra[i]:
                 raise AssertionError(
                     f"After call {i + 1} the cache carries extra attributes {list(run.extra[i])}: it should hold the "
-                    "keys K and the values V and nothing else. Queries are never cached (only the newest "
-                    "token's query is ever used), and neither are the inputs (re-projecting them would be "
+                    "keys K and the values V (and what your KVCache keeps by itself) and nothing else. Queries "
+                    "are never cached (only the newest token's query is ever used), and neither are the inputs "
+                    "(re-projecting them would be "
                     "recomputing everything)."
                 )
             assert_matches("weights", w, full_w[:, :, start:end, :end], context=where + ", against full recomputation")
@@ -585,7 +741,7 @@ def _check_steps(step, mha, x, chunks, *, verbose=False):
     try:
         check()
     except AssertionError as err:
-        found = _diagnose_step(run, mha, x, chunks)
+        found = _diagnose_step(run, mha, x, chunks, cache_class)
         if found:
             lines = "\n".join(f"  - {m.label}: {m.hint}" for m in found)
             raise AssertionError(f"{err}\nYour answer matches a typical mistake:\n{lines}") from None
@@ -604,20 +760,32 @@ def _check_steps(step, mha, x, chunks, *, verbose=False):
     return run
 
 
-def check_one_token_at_a_time(cached_attention_step):
+def _announce(cache_class):
+    if cache_class.note:
+        print(cache_class.note)
+    return cache_class
+
+
+def check_one_token_at_a_time(cached_attention_step, KVCache=None):
     """Six tokens fed one at a time (float64, B=2, d_model=8, 2 heads): shapes,
-    cache growth, work done per step, and equality with full recomputation."""
+    cache growth, work done per step, and equality with full recomputation.
+
+    The step gets a cache of your ``KVCache`` (default: the class of that name where the
+    step is defined, your notebook), or the course's if yours fails its own test (``step_cache``)."""
+    cache_class = _announce(step_cache(cached_attention_step, KVCache))
     mha, x = _case(2, 6, 8, 2, torch.float64, 0)
-    _check_steps(cached_attention_step, mha, x, [1] * 6, verbose=True)
+    _check_steps(cached_attention_step, mha, x, [1] * 6, cache_class=cache_class, verbose=True)
 
 
-def check_prompt_then_tokens(cached_attention_step, full=True):
+def check_prompt_then_tokens(cached_attention_step, KVCache=None, full=True):
     """A prompt of several tokens in one call (it needs a causal mask shifted by
     the cache length), then single tokens. ``full=False``: one float32 case;
     the full check covers several lengths, batch sizes, widths, both dtypes.
+    The cache: as in ``check_one_token_at_a_time``.
     """
+    cache_class = _announce(step_cache(cached_attention_step, KVCache))
     mha, x = _case(2, 7, 8, 2, torch.float32, 1)
-    _check_steps(cached_attention_step, mha, x, [3, 1, 1, 2], verbose=not full)
+    _check_steps(cached_attention_step, mha, x, [3, 1, 1, 2], cache_class=cache_class, verbose=not full)
     if not full:
         return
     cases = [
@@ -631,15 +799,22 @@ def check_prompt_then_tokens(cached_attention_step, full=True):
     for seed, (B, d_model, H, chunks) in enumerate(cases, start=2):
         for dtype in (torch.float32, torch.float64):
             mha, x = _case(B, sum(chunks), d_model, H, dtype, seed)
-            _check_steps(cached_attention_step, mha, x, chunks)
+            _check_steps(cached_attention_step, mha, x, chunks, cache_class=cache_class)
 
 
-def check_step_gradients(cached_attention_step, full=True):
+def check_step_gradients(cached_attention_step, KVCache=None, full=True):
     """Gradients reach the inputs, through the cache to earlier tokens, and the
-    weights W_q, W_k, W_v, W_o; the full check compares them with full recomputation (float64)."""
+    weights W_q, W_k, W_v, W_o; the full check compares them with full recomputation (float64).
+    The cache: as in ``check_one_token_at_a_time``."""
+    cache_class = _announce(step_cache(cached_attention_step, KVCache))
+    with _with_note(cache_class.note):
+        _check_step_gradients(cached_attention_step, cache_class, full)
+
+
+def _check_step_gradients(cached_attention_step, cache_class, full):
     mha, x0 = _case(2, 5, 8, 2, torch.float64, 21)
     x = x0.clone().requires_grad_(True)
-    cache = _RefCache()
+    cache = cache_class.new()
     outs = []
     for t in range(5):
         out, _ = call_answer(cached_attention_step, (x[:, t : t + 1], cache, mha), names=("output", "weights"),

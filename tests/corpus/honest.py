@@ -20,8 +20,9 @@ with them (``torch.testing.assert_close``): that is a student testing their
 work, not the answer using the built-in. A grader must give every entry full
 marks; ``tests/corpus/verify_honest.py`` runs them in a plain kernel.
 
-One entry is known to lose points with the committed checks, through no fault of
-its own: ``kv_own_helper_extend`` (see its ``why``).
+``kv_own_helper_extend`` calls a helper method of its own ``KVCache`` from
+``cached_attention_step``: the checks and the probes hand the step the student's own
+cache (``checks.kv_cache.step_cache``).
 """
 from __future__ import annotations
 

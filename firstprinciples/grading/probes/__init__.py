@@ -16,7 +16,21 @@ such as the capstone's trained ``model``) and says
 - ``cells``: for a test cell (by grade_id) that grades only part of the piece,
   which cases (by their ``tags``) it stands for and how they are compared
   (``Aspect``): so partial credit stays partial. A test cell not listed stands
-  for every case, compared in full.
+  for every case, compared in full;
+- optionally ``needs``: the names of other objects of the notebook that ``run``
+  uses with the probed one (``cached_attention_step`` needs the notebook's own
+  ``KVCache``, so that a step may call helper methods of the student's cache;
+  ``generate_cached`` needs ``StudentGPT`` and ``KVCache``). A probe with
+  ``needs`` is run with a third argument, a namespace: on the student's side
+  ``run(obj, case, namespace)`` with the notebook's namespace (``needed(probe,
+  namespace)``, the needed names it defines, is enough), on the reference side
+  ``run(probe.reference, case, reference_namespace(probe))``, each needed name
+  bound to the course's object (the reference of that name's own probe). The
+  run must also work with the namespace omitted or lacking a name: it then
+  looks the name up in the probed function's ``__globals__`` (the notebook's
+  namespace when the function was defined there), else uses the course's
+  object. A needed object is not re-checked for the test cells of the probed
+  one: it has its own probe and test cells.
 
 Probe modules register their probes in ``REGISTRY``; ``load()`` imports them all.
 """
@@ -68,10 +82,39 @@ class Probe:
     judge: Callable | None = None
     tolerance: dict = field(default_factory=dict)  # dtype name -> (atol, rtol), overrides the default
     cells: dict = field(default_factory=dict)  # test cell grade_id -> Aspect
+    needs: tuple = ()  # names of other notebook objects run(obj, case, namespace) looks up in namespace
 
     def watch(self) -> dict:
         return {"torch_patterns": tuple(self.forbidden.get("torch_patterns", ())),
                 "pieces": tuple(self.forbidden.get("pieces", ()))}
+
+
+def needed(probe: Probe, namespace: dict) -> dict:
+    """The part of a notebook's namespace that ``probe.run`` uses: each name of ``probe.needs``
+    that it defines, with its object (a name it lacks is left out)."""
+    return {n: namespace[n] for n in probe.needs if n in namespace}
+
+
+def reference_namespace(probe: Probe) -> dict:
+    """The namespace for the reference's run: each name of ``probe.needs`` bound to the course's
+    object, the reference of that name's own probe (a name without one is left out)."""
+    registry = load()
+    return {n: registry[n].reference for n in probe.needs if n in registry and registry[n].reference is not None}
+
+
+def looked_up(fn, name: str, namespace: dict | None = None):
+    """Another notebook object for a run (``Probe.needs``): ``namespace[name]`` when given, else
+    ``name`` in the globals of ``fn`` (the notebook's, for a function defined there), else None."""
+    if isinstance(namespace, dict) and name in namespace:
+        return namespace[name]
+    import inspect
+
+    try:
+        fn = inspect.unwrap(fn)
+    except Exception:  # a broken __wrapped__ chain
+        pass
+    g = getattr(fn, "__globals__", None)
+    return g.get(name) if isinstance(g, dict) else None
 
 
 def register(*probes: Probe) -> None:

@@ -12,10 +12,13 @@
 - ``generate_cached``: greedy decoding of a seeded random model, compared with
   the course's cached decoding of a model with the same parameters: ids, logits,
   the key rows each block projects (the prompt once, then one row per token) and
-  the number of caches appended to. The model is the notebook's own
-  ``StudentGPT`` (found through the function's globals, as the test cell passes
-  it) so that a decoder may rely on the student's own attributes; when there is
-  none, ``ProbeGPT`` below, a plain model with TinyGPT's parts.
+  the number of caches used (objects of the notebook's ``KVCache`` that a method
+  of the class is called on: ``append``, or a helper of the student's own, as the
+  checks count them). The model is the notebook's own ``StudentGPT`` so that a
+  decoder may rely on the student's own attributes; when there is none,
+  ``ProbeGPT`` below, a plain model with TinyGPT's parts. The probe ``needs``
+  ``StudentGPT`` and ``KVCache`` (from the namespace the runner passes, else
+  through the function's globals; the test cell passes both).
 - ``model``: there is no reference for a trained model, so the run ships the
   log-probabilities of the held-out targets, the greedy answers after the final
   "it", and the logits at the final "it" with and without the rest of the
@@ -42,7 +45,7 @@ from ...capstone.model import TinyGPT, generate_greedy
 from ...checks import capstone as C
 from ...reference import KVCache  # noqa: F401  (the reference decoder's cache class, found by _cache_class)
 from .. import wire
-from . import Probe, arrays, aspect, register
+from . import Probe, arrays, aspect, looked_up, register
 
 SMALL = C.SMALL
 
@@ -282,19 +285,17 @@ GPT_CELLS = {
 
 
 # ---------------------------------------------------------------- generate_cached
-def _model_class(fn):
-    """The notebook's StudentGPT (the test cell's model class), from the decoder's globals; else ProbeGPT."""
+def _model_class(fn, namespace=None):
+    """The notebook's StudentGPT (the test cell's model class); else ProbeGPT."""
     from torch import nn
 
-    g = getattr(fn, "__globals__", None)
-    cls = g.get("StudentGPT") if isinstance(g, dict) else None
+    cls = looked_up(fn, "StudentGPT", namespace)
     return cls if isinstance(cls, type) and issubclass(cls, nn.Module) else probe_gpt()
 
 
-def _cache_class(fn):
-    """The notebook's KVCache (the test cell's cache class), from the decoder's globals; else None."""
-    g = getattr(fn, "__globals__", None)
-    cls = g.get("KVCache") if isinstance(g, dict) else None
+def _cache_class(fn, namespace=None):
+    """The notebook's KVCache (the test cell's cache class); else None."""
+    cls = looked_up(fn, "KVCache", namespace)
     return cls if isinstance(cls, type) else None
 
 
@@ -314,15 +315,15 @@ def generate_cases(rng: np.random.Generator) -> list:
     return cases
 
 
-def run_generate(fn, case):
+def run_generate(fn, case, namespace=None):
+    """``namespace``: the notebook's (``Probe.needs``: its StudentGPT and KVCache); None: ``fn``'s globals."""
     import torch
 
     cfg = _cfg(case)
-    model = _loaded(_model_class(fn), case, torch.float64)
+    model = _loaded(_model_class(fn, namespace), case, torch.float64)
     ids, n_new = case["ids"], int(case["n_new"])
     B, T_p = ids.shape
     counts = [0] * len(model.blocks)
-    caches = []
 
     def hook(i):
         def record(module, inputs, output):
@@ -330,23 +331,14 @@ def run_generate(fn, case):
         return record
 
     handles = [block.attn.W_k.register_forward_hook(hook(i)) for i, block in enumerate(model.blocks)]
-    Cache = _cache_class(fn)
-    original = Cache.append if Cache is not None else None
-
-    def append(self, k, v):
-        if not any(c is self for c in caches):
-            caches.append(self)
-        return original(self, k, v)
-
-    if Cache is not None:
-        Cache.append = append
+    Cache = _cache_class(fn, namespace)
+    caches, unpatch = C.recording_caches(Cache) if Cache is not None else ([], lambda: None)
     try:
         copy = ids.clone()
         with torch.no_grad():
             res = fn(model, copy, n_new)
     finally:
-        if Cache is not None:
-            Cache.append = original
+        unpatch()
         for h in handles:
             h.remove()
     if not torch.equal(copy, ids):
@@ -356,7 +348,7 @@ def run_generate(fn, case):
     return {"ids": res[0], "logits": res[1],
             # the cache is used: the prompt once, then one key row per new token (as the test counts them)
             "key rows within the cache's budget": [c <= B * (T_p + n_new) for c in counts],
-            "caches appended to": len(caches) if Cache is not None else cfg["n_layers"]}
+            "KVCache objects used": len(caches) if Cache is not None else cfg["n_layers"]}
 
 
 GENERATE_CELLS = {
@@ -496,6 +488,6 @@ MODEL_CELLS = {
 register(
     Probe("StudentGPT", gpt_cases, run_gpt, reference=TinyGPT, forbidden=C.MODEL_FORBIDDEN, cells=GPT_CELLS),
     Probe("generate_cached", generate_cases, run_generate, reference=reference_generate_cached,
-          forbidden=C.GENERATE_FORBIDDEN, cells=GENERATE_CELLS),
+          forbidden=C.GENERATE_FORBIDDEN, cells=GENERATE_CELLS, needs=("StudentGPT", "KVCache")),
     Probe("model", model_cases, run_model, forbidden=C.MODEL_FORBIDDEN, judge=judge_model, cells=MODEL_CELLS),
 )

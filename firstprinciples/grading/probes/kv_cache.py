@@ -4,15 +4,19 @@
   the other: what ``append`` returns, the attributes ``K`` and ``V``,
   ``len(cache)`` and the untouched inputs after every append; and the gradients
   that flow back through the cache to every appended chunk.
-- ``cached_attention_step``: the case's tokens fed in chunks with the course's
-  cache (the reference ``KVCache``, which this piece may use) and a module that
-  has only the four layers ``W_q``, ``W_k``, ``W_v``, ``W_o`` (the step must not
-  call the course's ``MultiHeadAttention``, and building one in the kernel would
-  be flagged: the probe's module refuses to be called instead). Outputs,
-  weights, the cache after each call, the rows projected by each layer (the work,
-  counted as the checks count it) and whether the step left anything else in the
-  cache; the gradient case compares the gradients of the last output with the
-  reference's (those of full recomputation).
+- ``cached_attention_step``: the case's tokens fed in chunks with a cache and a
+  module that has only the four layers ``W_q``, ``W_k``, ``W_v``, ``W_o`` (the
+  step must not call the course's ``MultiHeadAttention``, and building one in the
+  kernel would be flagged: the probe's module refuses to be called instead). The
+  cache is the one the checks give the step (``checks.kv_cache.step_cache``): the
+  notebook's own ``KVCache`` (the probe ``needs`` it: from the namespace the runner
+  passes, else through the step's globals) when it passes its own test, so that a step
+  may call helper methods of its own cache; else the course's (which this piece
+  may use), so that the step is graded on its own. Outputs, weights, the cache
+  after each call, the rows projected by each layer (the work, counted as the
+  checks count it) and whether the step left anything in the cache besides K, V
+  and the cache's own state; the gradient case compares the gradients of the last
+  output with the reference's (those of full recomputation).
 - ``generate``: a course ``MultiHeadAttention`` (allowed there) with the case's
   weights; the sequence, the prompt left untouched, and whether the key rows
   projected exceed what a cache needs (one spare step is tolerated, as in the check).
@@ -23,7 +27,7 @@ import numpy as np
 
 from ...checks import kv_cache as kv_checks
 from ...reference import KVCache, MultiHeadAttention, cached_attention_step, generate
-from . import Probe, aspect, normal, register
+from . import Probe, aspect, looked_up, normal, register
 from .multihead import returned_pair
 
 
@@ -164,11 +168,13 @@ def step_cases(rng: np.random.Generator) -> list:
     return cases
 
 
-def step_run(fn, case):
+def step_run(fn, case, namespace=None):
+    """``namespace``: the notebook's (``Probe.needs``: its ``KVCache``); None: the step's globals."""
     import torch
 
     mha = _projections_class()(case["W"], case["n_heads"])
-    cache = KVCache()
+    cache_class = kv_checks.step_cache(fn, looked_up(fn, "KVCache", namespace))
+    cache = cache_class.new()
     chunks = case["chunks"]
     if "grad_out" in case:
         x = case["x"].clone().requires_grad_(True)
@@ -201,11 +207,12 @@ def step_run(fn, case):
             lengths.append(len(cache))
             shapes.append(_shape(cache.K))
             rows.append(tuple(int(counts[k] - before[k]) for k in ("W_q", "W_k", "W_v")))
-            extra.append(bool(set(vars(cache)) - {"K", "V"}))
+            extra.append(bool(cache_class.extra(cache)))
             start += n
     return {"outputs": tuple(outputs), "weights": tuple(weights), "len(cache) after each call": tuple(lengths),
             "cache.K shape after each call": tuple(shapes), "rows projected by W_q, W_k, W_v": tuple(rows),
-            "anything but K and V left in the cache": tuple(extra), "inputs unchanged": unchanged}
+            "anything but K, V and the cache's own state left in the cache": tuple(extra),
+            "inputs unchanged": unchanged}
 
 
 STEP_CELLS = {
@@ -258,7 +265,7 @@ def generate_run(fn, case):
 register(
     Probe("KVCache", cache_cases, cache_run, reference=KVCache, forbidden=kv_checks.CACHE_FORBIDDEN, cells=CACHE_CELLS),
     Probe("cached_attention_step", step_cases, step_run, reference=cached_attention_step,
-          forbidden=kv_checks.STEP_FORBIDDEN, cells=STEP_CELLS),
+          forbidden=kv_checks.STEP_FORBIDDEN, cells=STEP_CELLS, needs=("KVCache",)),
     Probe("generate", generate_cases, generate_run, reference=generate, forbidden=kv_checks.GENERATE_FORBIDDEN,
           cells={"test_generate": aspect()}),
 )
