@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from course import as_student_code
 from firstprinciples import examples, reference
 from firstprinciples.checks import attention as A
 from checktable import assert_passes, expectations_test, naming_test, outcome, rejections_test, variants_test
@@ -30,7 +31,7 @@ CHECKS = {
 ALL = set(CHECKS)
 
 # The reference, unwrapped, is what a correct student would write.
-correct = reference.scaled_dot_product_attention.__wrapped__
+correct = as_student_code(reference.scaled_dot_product_attention)
 
 
 def _softmax_attn(Q, K, V, mask=None):

@@ -17,6 +17,7 @@ from checktable import assert_passes, correct_answers_test, expectations_test, n
 from seeds import SEED_DIRS
 from torch.nn.modules import transformer as torch_transformer
 
+from course import as_student_code
 from firstprinciples import reference
 from firstprinciples.checks import causal_mask as C
 
@@ -29,7 +30,7 @@ CHECKS = {
 ALL = set(CHECKS)
 
 # The reference, unwrapped, is what a correct student would write.
-correct = reference.causal_mask.__wrapped__
+correct = as_student_code(reference.causal_mask)
 
 
 def via_masked_fill(T):

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course import as_student_code
 from firstprinciples import reference
 from firstprinciples.checks import multihead as M
 from checktable import (
@@ -156,13 +157,13 @@ test_every_split_and_merge_mistake_has_an_expectation = expectations_test(
 
 @pytest.mark.parametrize("name", sorted(SPLIT_CHECKS))
 def test_split_checks_accept_correct_answers(name):
-    for answer in (good_split, reference.split_heads.__wrapped__):
+    for answer in (good_split, as_student_code(reference.split_heads)):
         assert_passes(SPLIT_CHECKS[name], answer, f"a correct split_heads fails {name}")
 
 
 @pytest.mark.parametrize("name", sorted(MERGE_CHECKS))
 def test_merge_checks_accept_correct_answers(name):
-    for answer in (good_merge, merge_cat_of_heads, reference.merge_heads.__wrapped__):
+    for answer in (good_merge, merge_cat_of_heads, as_student_code(reference.merge_heads)):
         assert_passes(MERGE_CHECKS[name], answer, f"a correct merge_heads fails {name}")
 
 

@@ -24,6 +24,7 @@ from checktable import (
 )
 from seeds import seed_namespace
 
+from course import as_student_code
 from firstprinciples import examples, reference
 from firstprinciples.checks import qkv as C
 
@@ -42,8 +43,8 @@ SCORES_CHECKS = {
 P_ALL = set(PROJECT_CHECKS)
 S_ALL = set(SCORES_CHECKS)
 
-project_correct = reference.project_qkv.__wrapped__
-scores_correct = reference.dot_product_scores.__wrapped__
+project_correct = as_student_code(reference.project_qkv)
+scores_correct = as_student_code(reference.dot_product_scores)
 
 
 # ================================================================ project_qkv

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from course import as_student_code
 from firstprinciples import reference
 from firstprinciples.checks import rnn as R
 from checktable import correct_answers_test, expectations_test, naming_test, outcome, rejections_test, variants_test
@@ -25,7 +26,7 @@ CHECKS = {
 ALL = set(CHECKS)
 
 # The reference, unwrapped, is what a correct student would write.
-correct = reference.rnn_forward.__wrapped__
+correct = as_student_code(reference.rnn_forward)
 
 
 # ---------------------------------------------------------------- other correct answers

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from course import as_student_code
 from firstprinciples import reference
 from firstprinciples.checks import softmax as S
 from checktable import correct_answers_test, expectations_test, naming_test, outcome, rejections_test, variants_test
@@ -27,7 +28,7 @@ CHECKS = {
 ALL = set(CHECKS)
 
 # The reference, unwrapped, is what a correct student would write.
-correct = reference.softmax.__wrapped__
+correct = as_student_code(reference.softmax)
 
 
 def via_logsumexp(x, dim=-1):
