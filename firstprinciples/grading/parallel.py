@@ -166,16 +166,18 @@ def remove_socket_folder() -> None:
 
 class GraderBoundKernelManager(AsyncKernelManager):
     """``AsyncKernelManager`` whose kernels die with the process that started them, whose
-    ``ipc`` sockets live in a folder of their own (inside this process's ``socket_folder``;
-    the only host folder a sandboxed kernel can write to, so one student's kernel never sees
-    another's files), removed with the kernel, and whose sandboxes' cgroups are removed once
-    the kernel is gone."""
+    ``ipc`` sockets live in a folder of their own (``fp-grade-<pid>-*``, the only host folder
+    a sandboxed kernel can write to, so one student's kernel never sees another's files),
+    removed with the kernel, and whose sandboxes' cgroups are removed once the kernel is gone."""
 
     def __init__(self, **kw):
         super().__init__(**kw)
         self._own_folder = None
         if self.transport == "ipc":
-            self._own_folder = tempfile.mkdtemp(prefix="kernel-", dir=socket_folder())
+            socket_folder()  # (sweeps the folders that killed graders left behind)
+            # at the top of the temporary folder, named after this process (so a sweep finds it if
+            # this process is killed), and short: a Unix socket's path has at most 107 characters
+            self._own_folder = tempfile.mkdtemp(prefix=f"{_SOCKET_PREFIX}{os.getpid()}-")
             self.ip = os.path.join(self._own_folder, "kernel")
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
