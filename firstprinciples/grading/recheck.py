@@ -36,7 +36,7 @@ _gc_disable = gc.disable
 class Shell:
     """The little of IPython that a cell's Python needs (``%time``, ``%timeit``, ``!ls``)."""
 
-    RUN_ONCE = ("time", "timeit", "prun", "capture", "writefile_not")
+    RUN_ONCE = ("time", "timeit", "prun", "capture")  # magics whose cell or line is run once
 
     def __init__(self, namespace):
         self.user_ns = namespace
