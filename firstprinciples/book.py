@@ -8,6 +8,18 @@
   a chapter whose code did not change is not run again.
 - Inline scripts that the theme's extensions add twice (sphinx-thebe declares
   ``const THEBE_JS_URL`` twice, a console error in every browser) are kept once.
+- The book's stylesheet (``book_static/book.css``: long code and output lines
+  wrap inside their box) is added to every page.
+- Two bits of markup that other extensions write and accessibility checkers
+  (axe-core) flag are rewritten in each page's body: the folded code cells'
+  ``<summary aria-label="Toggle hidden content">`` (myst-nb), whose label hides
+  its visible text "Show code cell source", and the bibliography's
+  ``role="doc-biblioentry"`` entries (Sphinx), a deprecated role inside a
+  ``role="list"``: they become list items.
+- A table whose header row is entirely empty (a Markdown table written
+  ``| | |`` over ``|---|---|``, as the exercise notebooks' headers are) loses
+  that header: an empty grey bar on screen, and an ``empty-table-header``
+  failure for screen readers.
 
 Enabled in ``_config.yml`` (``sphinx.extra_extensions``). The box is added to
 the page, not to the notebook, so the released notebook stays exactly what
@@ -22,6 +34,7 @@ from docutils import nodes
 from sphinx import addnodes
 
 EXERCISE_PREFIX = "exercises/"
+STATIC = Path(__file__).with_name("book_static")
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
@@ -60,6 +73,30 @@ def add_local_work_box(app, doctree):
     parent = section if section is not None else doctree
     index = 1 if section is not None else 0  # just below the page title
     parent.insert(index, box)
+
+
+def drop_empty_table_headers(app, doctree):
+    for thead in list(doctree.findall(nodes.thead)):
+        if not thead.astext().strip():
+            thead.parent.remove(thead)
+
+
+ACCESSIBLE_MARKUP = (
+    ('<summary aria-label="Toggle hidden content">', "<summary>"),
+    ('role="doc-biblioentry"', 'role="listitem"'),
+)
+
+
+def accessible_markup(app, pagename, templatename, context, doctree):
+    body = context.get("body")
+    if body:
+        for old, new in ACCESSIBLE_MARKUP:
+            body = body.replace(old, new)
+        context["body"] = body
+
+
+def add_static(app, config):
+    config.html_static_path = [*config.html_static_path, str(STATIC)]
 
 
 def dedupe_scripts(app, pagename, templatename, context, doctree):
@@ -127,6 +164,10 @@ def _quiet_logger():
 def setup(app):
     # Before Sphinx's download collector (priority 500) so that it registers the file.
     app.connect("doctree-read", add_local_work_box, priority=400)
+    app.connect("doctree-read", drop_empty_table_headers)
+    app.connect("config-inited", add_static)
+    app.add_css_file("book.css")
     app.connect("html-page-context", dedupe_scripts, priority=900)
+    app.connect("html-page-context", accessible_markup)
     app.connect("env-before-read-docs", execute_in_parallel, priority=400)
     return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1"}

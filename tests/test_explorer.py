@@ -274,7 +274,7 @@ def test_js_attention_on_cat_sat_mat(js_page):
     weights = torch.softmax(raw / math.sqrt(2), dim=-1)
     for got, want in zip(out, (raw, raw / math.sqrt(2), weights, weights @ V)):
         assert torch.allclose(torch.tensor(got, dtype=torch.float64), want[0], atol=1e-12, rtol=0)
-    # The source's figures, within one unit of their last decimal (its 0.266 is 0.2666).
+    # The book's figures (each exact value rounded once), within one unit of their last decimal.
     for got, want, digits in zip(out, (worked.RAW_SCORES, worked.SCALED_SCORES, worked.WEIGHTS, worked.OUTPUT), (2, 3, 3, 3)):
         assert all(abs(x - w) <= 10 ** -digits for x, w in zip(got, want)), (got, want)
     assert [round(x, 4) for x in out[2]] == [0.3797, 0.3537, 0.2666]
@@ -370,7 +370,7 @@ def test_type_a_sentence_click_it_and_read_the_weights(explorer_page, trained, d
 
 def test_keyboard_moves_the_chosen_token(explorer_page):
     page, errors, _ = explorer_page
-    page.locator("[data-fp-explorer] .fp-example").first.click()
+    _pick_example(page)
     q = int(page.get_attribute("[data-fp-explorer]", "data-query"))
     page.focus(f"[data-fp-explorer] .fp-token[data-index='{q}']")
     page.keyboard.press("ArrowLeft")
@@ -381,17 +381,66 @@ def test_keyboard_moves_the_chosen_token(explorer_page):
     assert not errors, errors
 
 
-def test_unknown_words_are_reported(explorer_page):
+def _pick_example(page):
+    """Open the (folded) list of examples and choose the first one."""
+    page.evaluate("() => { document.querySelector('[data-fp-explorer] details.fp-examples-box').open = true; }")
+    page.locator("[data-fp-explorer] .fp-example").first.click()
+
+
+def _results(page):
+    """What the explorer shows of the last sentence: tokens, head rows, prediction."""
+    return page.evaluate("""() => {
+      const c = document.querySelector('[data-fp-explorer]');
+      return { tokens: c.querySelectorAll('.fp-token').length, rows: c.querySelectorAll('tr.fp-weight').length,
+               prediction: c.querySelector('.fp-prediction').textContent, summary: c.querySelector('.fp-summary').textContent,
+               query: c.getAttribute('data-query') };
+    }""")
+
+
+def test_unknown_words_are_reported_and_no_stale_result_stays(explorer_page):
     page, errors, _ = explorer_page
-    before = page.eval_on_selector_all("[data-fp-explorer] .fp-token", "bs => bs.length")
+    _pick_example(page)
+    shown = _results(page)
+    assert shown["tokens"] > 0 and shown["rows"] > 0 and shown["prediction"], shown
     page.fill("[data-fp-explorer] input.fp-sentence", "the unicorn did not cross the street because it was too tired .")
     page.press("[data-fp-explorer] input.fp-sentence", "Enter")
     message = page.locator("[data-fp-explorer] .fp-message")
     assert message.get_attribute("data-state") == "error" and message.get_attribute("role") == "alert"
     assert "unicorn" in message.inner_text() and "vocabulary" in message.inner_text()
     assert page.get_attribute("[data-fp-explorer]", "data-status") == "unknown-words"
-    assert page.eval_on_selector_all("[data-fp-explorer] .fp-token", "bs => bs.length") == before  # nothing recomputed
+    # The previous sentence's tokens, heads and prediction are gone: they would read as this one's.
+    after = _results(page)
+    assert after == {"tokens": 0, "rows": 0, "prediction": "", "summary": "", "query": None}, after
+    for text, status in (("   ", "empty"), (" ".join(["the"] * 80), "too-long")):
+        _pick_example(page)
+        assert _results(page)["rows"] > 0
+        page.fill("[data-fp-explorer] input.fp-sentence", text)
+        page.press("[data-fp-explorer] input.fp-sentence", "Enter")
+        assert page.get_attribute("[data-fp-explorer]", "data-status") == status
+        assert _results(page)["rows"] == 0, f"stale results after a {status} error"
+    # A valid sentence brings results back.
+    _pick_example(page)
+    assert _results(page)["rows"] > 0 and page.get_attribute("[data-fp-explorer]", "data-status") == "ok"
     assert not errors, errors
+
+
+def test_results_are_on_screen_when_the_page_opens(chromium, book):
+    """The example list starts folded, so the first head tables sit right below the
+    sentence box instead of below a long list."""
+    server, base = _serve(book)
+    page, errors, _ = _open(chromium, base, "chapters/explorer.html")
+    try:
+        page.wait_for_selector("[data-fp-explorer][data-ready='true']", timeout=20000)
+        assert page.evaluate("() => document.querySelector('[data-fp-explorer] details.fp-examples-box').open") is False
+        gap = page.evaluate("""() => {
+          const c = document.querySelector('[data-fp-explorer]');
+          return c.querySelector('table.fp-head').getBoundingClientRect().top - c.querySelector('input.fp-sentence').getBoundingClientRect().top;
+        }""")
+        assert gap < 450, f"the first head table is {gap:.0f} px below the sentence box"
+        assert not errors, errors
+    finally:
+        page.close()
+        server.shutdown()
 
 
 def test_cat_sat_mat_numbers_on_the_page(explorer_page):
@@ -406,5 +455,6 @@ def test_cat_sat_mat_numbers_on_the_page(explorer_page):
     assert shown("output") == ["1.026", "0.974"]
     checks = page.eval_on_selector_all("[data-fp-cat-sat-mat] .fp-check", "ns => ns.map(n => [n.dataset.agrees, n.textContent])")
     assert [a for a, _ in checks] == ["true"] * 4
-    assert "0.380, 0.354, 0.266" in checks[2][1]  # the chapter's figures are shown next to the computed ones
+    weights = ", ".join(f"{w:.3f}" for w in worked.WEIGHTS)  # the book's figures: computed, rounded once
+    assert weights == "0.380, 0.354, 0.267" and weights in checks[2][1]
     assert not errors, errors

@@ -283,9 +283,11 @@
       });
       exList.appendChild(el("li", null, [b]));
     });
-    container.appendChild(el("details", { className: "fp-examples-box", open: true }, [
-      el("summary", { text: "Example sentences from the corpus (training and held out)" }), exList,
-    ]));
+    // Closed at first, so that the results are on screen as soon as the page opens.
+    var examplesBox = el("details", { className: "fp-examples-box" }, [
+      el("summary", { text: "Example sentences from the corpus (" + (data.examples || []).length + ", training and held out)" }), exList,
+    ]);
+    container.appendChild(examplesBox);
 
     var vocabWords = model.vocab.filter(function (w) { return w.charAt(0) !== "<"; });
     container.appendChild(el("details", { className: "fp-vocab" }, [
@@ -309,22 +311,40 @@
       message.setAttribute("role", isError ? "alert" : "status");
     }
 
+    /* After an error nothing of the previous sentence stays on screen: its tokens,
+     * prediction and heads would read as the results of the sentence just typed. */
+    function clearResults() {
+      state.words = [];
+      state.ids = [];
+      state.result = null;
+      state.query = -1;
+      tokenBar.textContent = "";
+      summary.textContent = "";
+      prediction.textContent = "";
+      prediction.removeAttribute("data-top-token");
+      grid.textContent = "";
+      container.removeAttribute("data-query");
+    }
+
+    function fail(text, status) {
+      clearResults();
+      say(text, true);
+      container.setAttribute("data-status", status);
+      return false;
+    }
+
     function run() {
       var tok = tokenize(model, input.value);
       if (tok.words.length <= (model.config.prepend ? 1 : 0)) {
-        say("Type a sentence first, or pick one of the examples.", true);
-        return false;
+        return fail("Type a sentence first, or pick one of the examples.", "empty");
       }
       if (tok.unknown.length) {
-        say("Not in the vocabulary: " + tok.unknown.map(function (w) { return "\u201c" + w + "\u201d"; }).join(", ") +
-          ". The model knows only the corpus's " + vocabWords.length + " words (see the vocabulary list); nothing was computed.", true);
-        container.setAttribute("data-status", "unknown-words");
-        return false;
+        return fail("Not in the vocabulary: " + tok.unknown.map(function (w) { return "\u201c" + w + "\u201d"; }).join(", ") +
+          ". The model knows only the corpus's " + vocabWords.length + " words (see the vocabulary list); nothing was computed.",
+          "unknown-words");
       }
       if (tok.ids.length > model.config.max_len) {
-        say("That is " + tok.ids.length + " tokens; the model reads at most " + model.config.max_len + ".", true);
-        container.setAttribute("data-status", "too-long");
-        return false;
+        return fail("That is " + tok.ids.length + " tokens; the model reads at most " + model.config.max_len + ".", "too-long");
       }
       state.words = tok.words;
       state.ids = tok.ids;
@@ -392,14 +412,19 @@
       var i = state.query, words = state.words, cfg = model.config;
       grid.textContent = "";
       summary.textContent = "Where \u201c" + words[i] + "\u201d (token " + i + ") attends, in each of the " + cfg.n_layers +
-        " layers and " + cfg.n_heads + " heads. A bar's length and its number are the attention weight; the strongest target of each head is marked \u25c0. Tokens after it are hidden by the causal mask.";
+        " layers and " + cfg.n_heads + " heads (counted from 0: head 1.2 is head 2 of layer 1). A bar's length and its number are the attention weight; the strongest target of each head is marked \u25c0. Tokens after it are hidden by the causal mask.";
       for (var l = 0; l < cfg.n_layers; l++) {
         var heads = el("div", { className: "fp-heads" });
         for (var h = 0; h < cfg.n_heads; h++) heads.appendChild(headTable(l, h, i));
-        grid.appendChild(el("section", { className: "fp-layer", "data-layer": l, "aria-label": "Layer " + (l + 1) }, [
-          el("h4", { className: "fp-layer-title", text: "Layer " + (l + 1) }), heads,
+        grid.appendChild(el("section", { className: "fp-layer", "data-layer": l, "aria-label": "Layer " + l }, [
+          el("h3", { className: "fp-layer-title", text: "Layer " + l }), heads,
         ]));
       }
+    }
+
+    /* Layers and heads are counted from 0, as in the Python code and the book: "1.2". */
+    function headName(l, h) {
+      return l + "." + h;
     }
 
     function headTable(l, h, i) {
@@ -413,7 +438,7 @@
         var tr = el("tr", { className: "fp-weight" + (j === best ? " fp-top" : "") + (masked ? " fp-masked" : ""),
           "data-layer": l, "data-head": h, "data-query": i, "data-key": j, "data-token": words[j],
           "data-weight": String(w[j]), "data-masked": masked ? "true" : "false", "data-top": j === best ? "true" : "false",
-          title: "layer " + (l + 1) + ", head " + (h + 1) + ": " + words[i] + " \u2192 " + words[j] + " = " + String(w[j]) },
+          title: "head " + headName(l, h) + ": " + words[i] + " \u2192 " + words[j] + " = " + String(w[j]) },
         [
           el("th", { scope: "row", className: "fp-key", text: words[j] }),
           el("td", { className: "fp-num", text: masked ? "masked" : fmt(w[j], 3) }),
@@ -423,10 +448,10 @@
         body.appendChild(tr);
       }
       return el("table", { className: "fp-head", "data-layer": l, "data-head": h, "data-query": i }, [
-        el("caption", null, [el("strong", { text: "L" + (l + 1) + " H" + (h + 1) }),
+        el("caption", null, [el("strong", { text: "head " + headName(l, h) }),
           " \u2192 " + words[best] + " " + fmt(w[best], 2)]),
         el("thead", null, [el("tr", null, [el("th", { scope: "col", text: "token" }), el("th", { scope: "col", text: "weight" }),
-          el("th", { scope: "col", className: "fp-bar-head", text: "" })])]),
+          el("th", { scope: "col", className: "fp-bar-head" }, [el("span", { className: "fp-sr-only", text: "weight as a bar" })])])]),
         body,
       ]);
     }
@@ -457,9 +482,9 @@
     function vec(r) {
       return "[" + Array.prototype.map.call(r, function (x) { return fmt(x, 1); }).join(", ") + "]";
     }
-    /* Compare with the chapter's figures (firstprinciples.examples), which have `digits` decimals:
-     * agreement means within one unit of their last decimal (the source gives the weights as
-     * 0.380, 0.354, 0.266, which add up to 1; 0.2666 rounded on its own would be 0.267). */
+    /* Compare with the chapter's figures (firstprinciples.examples: each exact value
+     * rounded once, to `digits` decimals): agreement means within one unit of their
+     * last decimal. */
     function check(step, values, digits) {
       var exp = ex.expected[step];
       if (!exp) return null;

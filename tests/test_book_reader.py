@@ -1,0 +1,359 @@
+"""The book as a reader sees it, in Chromium: one story, the same numbers on every
+page, blocks and figures that fit and stay readable at 1280 px and 390 px, folded
+plotting code, math as written, one search box, and no accessibility violation
+(axe-core) caused by the course's own pages or extensions.
+
+One build serves every test in this file: a fresh Sphinx build into a temporary
+folder with the execution cache shared with the README's build, as in
+tests/test_book.py. The axe-core tests need axe-core from the npm registry
+(``npm install --prefix .axe axe-core``, which .ci/run does; or set
+FP_AXE_CORE to its ``axe.min.js``): skipped without it, failed under CI.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from course import ROOT
+from firstprinciples import examples
+
+_SCRIPT = Path(sys.executable).parent / "jupyter-book"
+JUPYTER_BOOK = str(_SCRIPT) if _SCRIPT.exists() else shutil.which("jupyter-book")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+WIDTHS = (1280, 390)
+MIN_FONT_PX = {390: 9.0, 1280: 12.0}  # smallest text of a figure, as shown on screen
+
+
+def toc_files():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    return [toc["root"]] + [ch["file"] for part in toc["parts"] for ch in part["chapters"]]
+
+
+CHAPTERS = [f for f in toc_files() if f.startswith("chapters/")]
+PAGES = toc_files()
+
+
+@pytest.fixture(scope="module")
+def html(tmp_path_factory):
+    out = tmp_path_factory.mktemp("book")
+    proc = subprocess.run(
+        [JUPYTER_BOOK, "build", ".", "-W", "-n", "--keep-going", "--path-output", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1800,
+    )
+    assert proc.returncode == 0, f"book build failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-8000:]}"
+    return out / "_build" / "html"
+
+
+@pytest.fixture(scope="module")
+def browser(html):
+    if not CHROMIUM:
+        msg = "Debian's chromium is not installed (.ci/run installs it: apt-get install chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    import http.server
+    import threading
+    from functools import partial
+
+    from playwright.sync_api import sync_playwright
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(html)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b, f"http://127.0.0.1:{server.server_port}"
+        finally:
+            b.close()
+            server.shutdown()
+
+
+def _open(browser, path, width=1280):
+    b, base = browser
+    page = b.new_page(viewport={"width": width, "height": 900})
+    page.goto(f"{base}/{path}", wait_until="load")
+    page.wait_for_load_state("networkidle")
+    return page
+
+
+def _main_text(html, doc):
+    page = (html / f"{doc}.html").read_text()
+    m = re.search(r"<main[^>]*>(.*)</main>", page, flags=re.S)
+    text = re.sub(r"<[^>]+>", " ", m.group(1) if m else page)
+    return re.sub(r"\s+", " ", text)
+
+
+# ---------------------------------------------------------------- one story
+def test_back_references_point_at_text_that_exists(html):
+    intro = (html / "intro.html").read_text()
+    for anchor in ("opening-sentence", "what-attention-is-not"):
+        assert f'id="{anchor}"' in intro, anchor
+    assert "animal didn" in intro and "too tired" in intro  # the sentence the capstone recalls
+    capstone = (html / "chapters" / "capstone.html").read_text()
+    for anchor in ("opening-sentence", "what-attention-is-not"):
+        assert f'intro.html#{anchor}"' in capstone, f"the capstone does not link to the introduction's {anchor}"
+    attention = (html / "chapters" / "attention.html").read_text()
+    assert 'queries_keys_values.html"' in attention  # chapter 4 points to where the queries come from
+    assert "choose queries" not in _main_text(html, "chapters/attention")
+
+
+@pytest.mark.parametrize("doc", [p for p in PAGES if not p.startswith("exercises/")])
+def test_no_page_speaks_of_the_source(html, doc):
+    text = _main_text(html, doc)
+    for phrase in ("source material", "the source of this example", "the source gives", "not in the source",
+                   "the source prints"):
+        assert phrase not in text.lower(), f"{doc} speaks of {phrase!r}"
+
+
+def test_worked_example_numbers_agree_across_pages(html, browser):
+    """Cat's weights are quoted with one rounding (examples.WEIGHTS, computed) on
+    every page that quotes them, never with the other one."""
+    weights = [f"{w:.3f}" for w in examples.WEIGHTS]
+    assert weights == ["0.380", "0.354", "0.267"]
+    exact = [f"{w:.4f}" for w in examples.EXACT_WEIGHTS]
+    quoted = {
+        "chapters/attention": ", ".join(weights[:2]) + " and " + weights[2],  # glued from the computation
+        "chapters/encoder_decoder": ", ".join(weights),
+        "chapters/softmax": " ".join(weights),  # the printed output (spaces collapsed)
+    }
+    for doc, figure in quoted.items():
+        assert figure in _main_text(html, doc), f"{doc} does not show Cat's weights as {figure}"
+    for doc in [p for p in PAGES if not p.startswith("exercises/")]:
+        text = _main_text(html, doc)
+        for other in ("0.266", "0.2667"):
+            assert not re.search(rf"(?<![\d.]){re.escape(other)}(?!\d)", text), f"{doc} quotes Cat's weight as {other}"
+    assert exact[2] in _main_text(html, "chapters/attention")  # the unrounded figure, stated once
+    page = _open(browser, "chapters/explorer.html")
+    try:
+        page.wait_for_selector("[data-fp-cat-sat-mat][data-ready='true']", timeout=20000)
+        shown = page.eval_on_selector_all("[data-fp-cat-sat-mat] .fp-num[data-step='weights']",
+                                          "ns => ns.map(n => n.textContent)")
+        assert shown == exact
+        check = page.inner_text("[data-fp-cat-sat-mat] .fp-check[data-step='weights']")
+        assert ", ".join(weights) in check, check
+    finally:
+        page.close()
+
+
+def test_heads_are_numbered_from_zero_everywhere(html, browser):
+    for doc in ("chapters/capstone", "chapters/multi_head_attention", "chapters/explorer"):
+        text = _main_text(html, doc)
+        assert not re.search(r"\bL\d H\d\b", text), f"{doc} names a head L.. H.."
+    assert "head 1.2" in _main_text(html, "chapters/capstone")
+    page = _open(browser, "chapters/explorer.html")
+    try:
+        page.wait_for_selector("[data-fp-explorer][data-ready='true']", timeout=20000)
+        captions = page.eval_on_selector_all("[data-fp-explorer] table.fp-head caption strong",
+                                             "ns => ns.map(n => n.textContent)")
+        assert captions[:5] == ["head 0.0", "head 0.1", "head 0.2", "head 0.3", "head 1.0"], captions
+        layers = page.eval_on_selector_all("[data-fp-explorer] .fp-layer-title", "ns => ns.map(n => n.textContent)")
+        assert layers == ["Layer 0", "Layer 1"]
+    finally:
+        page.close()
+
+
+def test_references_are_cited_from_the_chapters(html):
+    refs = (html / "references.html").read_text()
+    for title in ("Attention Is All You Need", "FlashAttention", "A Mathematical Framework for Transformer Circuits",
+                  "RoFormer", "Train Short, Test Long", "The Illustrated Transformer",
+                  "Neural Machine Translation by Jointly Learning to Align and Translate"):
+        assert title in refs, title
+    cited = set()
+    for doc in CHAPTERS:
+        cited |= set(re.findall(r'href="\.\./references\.html#(id\d+)"', (html / f"{doc}.html").read_text()))
+    entries = set(re.findall(r'<div class="citation" id="(id\d+)"', refs))
+    assert entries and cited, "no citation links from the chapters"
+    uncited = entries - cited
+    assert not uncited, f"entries cited from no chapter: {uncited}"
+
+
+# ---------------------------------------------------------------- presentation
+OVERFLOW_JS = """() => Array.from(document.querySelectorAll('main pre, main div.highlight, main .cell_output, main table'))
+  .filter(e => e.scrollWidth > e.clientWidth + 1)
+  .map(e => e.tagName + ': ' + e.textContent.trim().slice(0, 80))"""
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_no_block_wider_than_its_box(browser, width):
+    wide = {}
+    for doc in CHAPTERS + ["intro"]:
+        page = _open(browser, f"{doc}.html", width)
+        try:
+            found = page.evaluate(OVERFLOW_JS)
+            body = page.evaluate("() => document.querySelector('main').scrollWidth - document.querySelector('main').clientWidth")
+        finally:
+            page.close()
+        if found or body > 1:
+            wide[doc] = found or [f"main is {body} px wider than the window"]
+    assert not wide, f"blocks wider than their box at {width} px: {wide}"
+
+
+FIGURES_JS = """async () => {
+  const out = [];
+  for (const img of document.querySelectorAll('main .cell_output img')) {
+    const svg = await (await fetch(img.src)).text();
+    const box = svg.match(/viewBox="([^"]+)"/);
+    const sizes = [...svg.matchAll(/font-size:\\s*([0-9.]+)px/g)].map(m => parseFloat(m[1]));
+    const shown = img.getBoundingClientRect().width;
+    const column = img.closest('.cell_output').getBoundingClientRect().width;
+    out.push({src: img.src.split('/').pop(), svg: img.src.endsWith('.svg'), shown, column,
+              natural: box ? parseFloat(box[1].split(/\\s+/)[2]) * 4 / 3 : null,
+              units: box ? parseFloat(box[1].split(/\\s+/)[2]) : null, smallest: sizes.length ? Math.min(...sizes) : null});
+  }
+  return out;
+}"""
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_figures_are_drawn_at_their_size_and_readable(browser, width):
+    """SVG figures (text kept as text), shown at their natural size when it fits
+    (never enlarged), shrunk only to fit the column, and with no text smaller
+    than 9 px on a phone (12 px on a wide screen)."""
+    problems, count = [], 0
+    for doc in CHAPTERS:
+        page = _open(browser, f"{doc}.html", width)
+        try:
+            figures = page.evaluate(FIGURES_JS)
+        finally:
+            page.close()
+        for f in figures:
+            count += 1
+            where = f"{doc} {f['src'][:12]}"
+            if not f["svg"] or f["units"] is None or f["smallest"] is None:
+                problems.append(f"{where}: not an SVG with text kept as text")
+                continue
+            expected = min(f["natural"], f["column"])
+            if abs(f["shown"] - expected) > 1.5:
+                problems.append(f"{where}: shown {f['shown']:.0f} px, drawn for {f['natural']:.0f} px")
+            smallest = f["smallest"] * f["shown"] / f["units"]
+            if smallest < MIN_FONT_PX[width]:
+                problems.append(f"{where}: smallest text {smallest:.1f} px")
+    assert count >= len(CHAPTERS)
+    assert not problems, f"at {width} px:\n" + "\n".join(problems)
+
+
+def test_plotting_code_is_folded(html):
+    """Every cell that draws a figure has its code folded (the hide-input tag)."""
+    folded = 0
+    for doc in CHAPTERS:
+        page = (html / f"{doc}.html").read_text().split("</main>")[0]
+        for cell in re.split(r'(?=<div class="cell[ "])', page)[1:]:
+            if "<img" in cell:
+                assert "tag_hide-input" in cell[:200], f"{doc}: a figure's code is not folded: {cell[:200]}"
+                assert "Show code cell source" in cell, f"{doc}: no button to unfold the code"
+                folded += 1
+    assert folded >= len(CHAPTERS)
+
+
+def test_math_renders_as_written(browser):
+    """No TeX escape shows up in the rendered formulas (MathJax's MathML copy
+    holds the characters a reader sees), e.g. a backslash from \\text{max\\_len}."""
+    for doc in CHAPTERS:
+        page = _open(browser, f"{doc}.html")
+        try:
+            if page.locator("div.math, span.math").count() == 0:
+                continue
+            page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20000)
+            page.evaluate("() => MathJax.startup.promise")
+            texts = page.eval_on_selector_all("mjx-assistive-mml", "ns => ns.map(n => n.textContent)")
+            assert texts, f"{doc}: no MathML copy of the formulas"
+            bad = [t for t in texts if "\\" in t]
+            assert not bad, f"{doc}: formulas rendered with a backslash: {bad[:3]}"
+        finally:
+            page.close()
+
+
+def test_long_display_formulas_fit(browser):
+    for doc in ("chapters/positional_encoding", "chapters/attention"):
+        page = _open(browser, f"{doc}.html")
+        try:
+            page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20000)
+            page.evaluate("() => MathJax.startup.promise")
+            wide = page.evaluate("""() => Array.from(document.querySelectorAll('main div.math'))
+              .filter(d => d.scrollWidth > d.clientWidth + 1).map(d => d.textContent.slice(0, 60))""")
+            assert not wide, f"{doc}: formulas cut off at 1280 px: {wide}"
+        finally:
+            page.close()
+
+
+def test_one_search_box(browser):
+    page = _open(browser, "chapters/attention.html")
+    try:
+        visible = page.evaluate("""() => Array.from(document.querySelectorAll(
+            '.search-button-field, .search-button, form.bd-search, input[type=search]'))
+          .filter(e => e.offsetParent !== null && !e.closest('.search-button__wrapper')).length""")
+        assert visible == 1, f"{visible} search boxes on the page"
+    finally:
+        page.close()
+
+
+def test_no_empty_table_header(html):
+    for doc in PAGES:
+        page = (html / f"{doc}.html").read_text()
+        for thead in re.findall(r"<thead>(.*?)</thead>", page, flags=re.S):
+            assert re.sub(r"<[^>]+>|\s", "", thead), f"{doc}: an empty table header"
+
+
+def test_launch_buttons_point_at_no_placeholder(html):
+    for doc in ("chapters/attention", "exercises/attention/scaled_dot_product_attention"):
+        page = (html / f"{doc}.html").read_text()
+        assert "example.org" not in page and "jupyterhub" not in page.lower(), doc
+
+
+# ---------------------------------------------------------------- accessibility (axe-core)
+def _axe_source():
+    candidates = [os.environ.get("FP_AXE_CORE"), ROOT / ".axe" / "node_modules" / "axe-core" / "axe.min.js",
+                  ROOT / "node_modules" / "axe-core" / "axe.min.js"]
+    for c in candidates:
+        if c and Path(c).is_file():
+            return Path(c).read_text()
+    msg = "axe-core is not installed (npm install --prefix .axe axe-core; .ci/run does it)"
+    if os.environ.get("CI"):
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+def theme_violations_in_readme():
+    """Rule ids the README lists as caused by the theme (its accessibility table)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Accessibility", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `([a-z0-9-]+)` \|", section, flags=re.M))
+
+
+AXE_JS = """async () => {
+  const r = await axe.run(document, { resultTypes: ['violations'] });
+  return r.violations.map(v => ({ id: v.id, nodes: v.nodes.map(n => ({
+    target: n.target.join(' '), html: n.html.slice(0, 160),
+    inArticle: !!(document.querySelector(n.target.join(' ')) || document.body).closest('article.bd-article') })) }));
+}"""
+
+
+@pytest.mark.parametrize("doc", PAGES)
+def test_no_accessibility_violation_from_the_course(browser, doc):
+    axe = _axe_source()
+    allowed = theme_violations_in_readme()
+    page = _open(browser, f"{doc}.html")
+    try:
+        if doc == "chapters/explorer":
+            page.wait_for_selector("[data-fp-explorer][data-ready='true']", timeout=20000)
+        page.add_script_tag(content=axe)
+        violations = page.evaluate(AXE_JS)
+    finally:
+        page.close()
+    ours = [(v["id"], n["target"], n["html"]) for v in violations for n in v["nodes"] if n["inArticle"]]
+    assert not ours, f"{doc}: violations in the course's own content:\n" + "\n".join(map(str, ours))
+    unlisted = {v["id"] for v in violations} - allowed
+    assert not unlisted, f"{doc}: theme violations not listed in the README: {unlisted}"
