@@ -136,12 +136,14 @@ def two_machines(postgres, tmp_path_factory):
     return postgres, courses, codes, results, rows
 
 
-def _popen_nbgrader(course, env):
+def _popen_nbgrader(course, env, *extra, log=None):
     scratch(course).mkdir(exist_ok=True)
     full = {k: v for k, v in os.environ.items() if not k.startswith("NBGRADER")}
     full.update(env, TMPDIR=str(scratch(course)))
-    return subprocess.Popen([sys.executable, "-m", "nbgrader", "autograde", ASSIGNMENT], cwd=course, env=full,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = subprocess.PIPE if log is None else log
+    return subprocess.Popen([sys.executable, "-m", "nbgrader", "autograde", ASSIGNMENT, *extra], cwd=course,
+                            env=full, stdout=out, stderr=subprocess.STDOUT if log is not None else subprocess.PIPE,
+                            text=True)
 
 
 def _expected():
@@ -152,7 +154,7 @@ def test_both_machines_graded_in_parallel(two_machines):
     _, _, codes, results, _ = two_machines
     for machine, (_, stderr) in results.items():
         assert codes[machine] == 0, stderr[-4000:]
-        assert "Grading 3 submissions with 2 workers" in stderr
+        assert "Sharing 3 submission(s) out through the gradebook" in stderr and "with 2 worker(s)" in stderr
 
 
 @pytest.mark.parametrize("machine", sorted(MACHINES))
@@ -171,3 +173,113 @@ def test_grades_are_in_postgresql_not_sqlite(two_machines):
         assert gb.engine.dialect.name == "postgresql"
         scores = {s.student.id: s.score for s in gb.find_assignment(ASSIGNMENT).submissions}
     assert scores == _expected()
+
+
+# ------------------------------------------------------------------ one class, three graders
+GRADERS = 3
+LEASE = 8  # seconds: a dead grader's student is taken over this long after its last renewal
+CLASS = {f"{kind}_{i}": kind for kind in ("correct", "naive", "untouched", "last_dim_only") for i in range(3)}
+
+
+def _database(url: str, name: str) -> str:
+    import psycopg2
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    conn = psycopg2.connect(host=u.query["host"], port=int(u.query["port"]), user=u.username, dbname="postgres")
+    conn.autocommit = True
+    conn.cursor().execute(f"CREATE DATABASE {name}")
+    conn.close()
+    return str(u.set(database=name))
+
+
+def _claims(url: str) -> list[dict]:
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url)
+    try:
+        with engine.connect() as db:
+            rows = db.execute(sqlalchemy.text("SELECT * FROM fp_grading_claims ORDER BY id")).mappings().all()
+            return [dict(r) for r in rows]
+    except sqlalchemy.exc.ProgrammingError:
+        return []  # (the table is made by the first grader)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def three_graders(postgres, tmp_path_factory):
+    """One course folder, shared by three `nbgrader autograde` runs started at once (one worker
+    each, as three machines would); the first is killed (SIGKILL) while it grades a student."""
+    url = _database(postgres, "shared_class")
+    env = {"FP_GRADEBOOK_URL": url, "FP_GRADING_WORKERS": "1"}
+    course = make_course(tmp_path_factory.mktemp("shared"))
+    nbgrader(course, "generate_assignment", ASSIGNMENT, "--force", env=env)
+    for student, kind in CLASS.items():
+        submit(course, student, answers_of(kind))
+    logs = [open(course.parent / f"grader{i}.log", "w") for i in range(GRADERS)]
+    procs = [_popen_nbgrader(course, env, f"--Autograde.lease_seconds={LEASE}", log=logs[i]) for i in range(GRADERS)]
+    victim = procs[0]
+    killed_at = killed_claim = None
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and killed_at is None:
+        mine = [c for c in _claims(url) if c["owner"].endswith(f":{victim.pid}")]
+        # once it has finished one student and is in the middle of the next
+        if any(c["finished_at"] for c in mine) and mine and mine[-1]["finished_at"] is None:
+            time.sleep(0.5)
+            victim.kill()
+            killed_at, killed_claim = time.time(), mine[-1]
+        elif victim.poll() is not None:
+            break
+        time.sleep(0.2)
+    codes = [p.wait(timeout=900) for p in procs]
+    for f in logs:
+        f.close()
+    texts = [(course.parent / f"grader{i}.log").read_text() for i in range(GRADERS)]
+    return {"url": url, "env": env, "course": course, "codes": codes, "logs": texts, "killed_at": killed_at,
+            "killed_claim": killed_claim, "claims": _claims(url), "rows": read_export(course, env=env)}
+
+
+def test_the_kill_landed_in_the_middle_of_a_student(three_graders):
+    assert three_graders["killed_claim"] is not None, "the first grader finished before it could be killed:\n" + \
+        three_graders["logs"][0][-3000:]
+    assert three_graders["codes"][0] == -signal.SIGKILL
+    for code, log in zip(three_graders["codes"][1:], three_graders["logs"][1:]):
+        assert code == 0, log[-4000:]
+
+
+def test_every_student_is_graded_once_with_the_right_grade(three_graders):
+    rows = three_graders["rows"]
+    assert sorted(r["student_id"] for r in rows) == sorted(CLASS)
+    assert {r["student_id"]: float(r["score"]) for r in rows} == {s: GRADES[k] for s, k in CLASS.items()}
+    assert unfinished(three_graders["course"]) == []
+
+
+def test_the_graders_shared_the_class(three_graders):
+    done = [c for c in three_graders["claims"] if c["outcome"] == "done"]
+    owners = {c["owner"] for c in done}
+    assert len(owners) == GRADERS, f"not every grader graded: {owners}"
+    assert sorted(c["student"] for c in done) == sorted(CLASS), "a student was finished twice, or never"
+
+
+def test_no_student_was_graded_twice_at_once(three_graders):
+    by_student: dict = {}
+    for c in three_graders["claims"]:
+        by_student.setdefault(c["student"], []).append(c)
+    victim = three_graders["killed_claim"]
+    for student, claims in by_student.items():
+        claims.sort(key=lambda c: c["started_at"])
+        for earlier, later in zip(claims, claims[1:]):
+            if earlier["id"] == victim["id"]:
+                # the dead grader's student: taken over only once its lease had expired
+                assert later["started_at"].timestamp() >= three_graders["killed_at"] + LEASE * 0.5, \
+                    f"{student} was taken over before the dead grader's lease expired"
+                continue
+            assert earlier["finished_at"] is not None and earlier["finished_at"] <= later["started_at"], \
+                f"{student} was graded by {earlier['owner']} and {later['owner']} at once"
+
+
+def test_the_dead_graders_student_was_taken_over(three_graders):
+    victim = three_graders["killed_claim"]
+    later = [c for c in three_graders["claims"] if c["student"] == victim["student"] and c["id"] > victim["id"]]
+    assert later and later[-1]["outcome"] == "done" and later[-1]["owner"] != victim["owner"]

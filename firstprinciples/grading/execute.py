@@ -35,9 +35,9 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
-from traitlets import Bool, Float, Integer
+from traitlets import Bool, Float, Integer, default
 
-from . import sandbox, sanitize, trusted
+from . import sandbox, sanitize, trusted, warm
 
 FAULT_NAME = "GradingFault"
 
@@ -55,6 +55,12 @@ class RobustExecute(Execute):
     notebook_timeout = Integer(300, help="Seconds of cell execution one notebook may use; later cells are not run.").tag(config=True)
     recheck_timeout = Float(300.0, help="Seconds the trusted re-check of one notebook may use in all.").tag(config=True)
     recheck_piece_timeout = Float(45.0, help="Seconds the trusted re-check may spend on one piece.").tag(config=True)
+
+    @default("kernel_manager_class")
+    def _warm_kernels(self):
+        # Kernels forked from a warm template (firstprinciples.grading.warm); nbgrader_config.py
+        # names GraderBoundKernelManager, a subclass, for grading.
+        return warm.WarmKernelManager
 
     # ------------------------------------------------------------ output cap
     def _count(self, cell_index: int, msg: dict) -> bool:
@@ -162,7 +168,7 @@ class RobustExecute(Execute):
         sources = trusted.course_sources(source) if source is not None else None
         plan = trusted.make_plan(self.nb, trusted.seed_for(self.resources, root), sources)
         limits = trusted.Limits(piece=self.recheck_piece_timeout, total=self.recheck_timeout)
-        command = sandbox.recheck_command(self._sandboxed())
+        command = warm.Runner(sandbox.recheck_command(self._sandboxed()), self._sandboxed())
         outcomes, flags = await asyncio.get_running_loop().run_in_executor(
             None, lambda: trusted.recheck(plan, command, limits))
         failed, flagged = trusted.apply(self.nb, plan, outcomes)

@@ -81,15 +81,16 @@ import uuid
 
 import jupyter_core.utils
 
-from jupyter_client.manager import AsyncKernelManager
 from nbgrader.converters import Autograde
 from nbgrader.converters.base import NbGraderException
 from nbgrader.utils import remove, rmtree
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from traitlets import Integer, default
+from traitlets import Bool, Float, Integer, default
 
+from . import sharedqueue
 from .sandbox import sweep_cgroups
+from .warm import WarmKernelManager
 
 MARKER = ".fp-grading-incomplete"
 SHARD_ENV = "FP_GRADING_SHARD"
@@ -164,7 +165,7 @@ def remove_socket_folder() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-class GraderBoundKernelManager(AsyncKernelManager):
+class GraderBoundKernelManager(WarmKernelManager):
     """``AsyncKernelManager`` whose kernels die with the process that started them, whose
     ``ipc`` sockets live in a folder of their own (``fp-grade-<pid>-*``, the only host folder
     a sandboxed kernel can write to, so one student's kernel never sees another's files),
@@ -180,12 +181,16 @@ class GraderBoundKernelManager(AsyncKernelManager):
             self._own_folder = tempfile.mkdtemp(prefix=f"{_SOCKET_PREFIX}{os.getpid()}-")
             self.ip = os.path.join(self._own_folder, "kernel")
 
-    async def _async_launch_kernel(self, kernel_cmd, **kw):
+    def _warm_preexec(self):
         # PR_SET_PDEATHSIG fires when the launching *thread* ends: only bind kernels started by
         # the main thread (nbgrader's command line), never by some short-lived thread.
-        if (sys.platform.startswith("linux") and "preexec_fn" not in kw
-                and threading.current_thread() is threading.main_thread()):
-            kw["preexec_fn"] = _die_with(os.getpid())
+        if sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread():
+            return _die_with(os.getpid())
+        return None
+
+    async def _async_launch_kernel(self, kernel_cmd, **kw):
+        if "preexec_fn" not in kw and self._warm_preexec() is not None:
+            kw["preexec_fn"] = self._warm_preexec()
         return await super()._async_launch_kernel(kernel_cmd, **kw)
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
@@ -251,16 +256,89 @@ class ParallelAutograde(Autograde):
         except ValueError:
             raise ValueError(f"{WORKERS_ENV} must be a whole number of grading processes, not {value!r}") from None
 
+    shared_queue = Bool(
+        help="Share the submissions out through the gradebook (sharedqueue.py): any number of "
+             "`nbgrader autograde` runs, on any machines sharing the course folder and the database, "
+             "take students one at a time under a lease. Default: on for a PostgreSQL gradebook."
+    ).tag(config=True)
+    lease_seconds = Float(120.0, help="Seconds a student stays with a grader that stops renewing its lease "
+                                      "(a dead machine) before another takes it over.").tag(config=True)
+
+    @default("shared_queue")
+    def _shared_queue_default(self) -> bool:
+        return sharedqueue.shared(self.coursedir.db_url or "")
+
     # ---------------------------------------------------------- the batch
+    def _can_fork(self, workers: int) -> bool:
+        return workers > 1 and not os.environ.get(SHARD_ENV) and looks_like_cli(sys.argv) and hasattr(os, "fork")
+
     def convert_notebooks(self) -> None:
         workers = min(self.workers, len(self.assignments))
-        if workers <= 1 or os.environ.get(SHARD_ENV) or not looks_like_cli(sys.argv) or not hasattr(os, "fork"):
+        if self.shared_queue and self.assignments:
+            return self._convert_shared(workers)
+        if not self._can_fork(workers):
             return super().convert_notebooks()
-        self._run_workers(workers)
-
-    def _run_workers(self, workers: int) -> None:
         submissions = sorted(self.assignments)
         shards = [[s for i, s in enumerate(submissions) if shard_of(i, workers) == w] for w in range(workers)]
+        self._run_workers(workers, shards, lambda shard: self._grade_shard(shard))
+
+    def _grade_shard(self, shard: list) -> None:
+        self.assignments = {k: v for k, v in self.assignments.items() if k in set(shard)}
+        self.log.info("Grader %s: %d submission(s)", os.environ.get(SHARD_ENV, ""), len(self.assignments))
+        Autograde.convert_notebooks(self)
+
+    # ------------------------------------------------- a class shared out through the database
+    def _convert_shared(self, workers: int) -> None:
+        queue = sharedqueue.SharedQueue(self.coursedir.db_url, self.lease_seconds)
+        keys = {}
+        for submission in self.assignments:
+            ids = self._ids(submission)
+            if ids is not None:
+                keys[ids] = submission
+        queue.add(keys)
+        self.log.info("Sharing %d submission(s) out through the gradebook (lease %g s) with %d worker(s) here",
+                      len(keys), self.lease_seconds, max(1, workers))
+        if not self._can_fork(workers):
+            return self._drain(queue, keys)
+        queue.close()  # (no connection crosses a fork: each worker opens its own)
+        everything = sorted(self.assignments)
+        self._run_workers(workers, [everything] * workers, lambda _shard: self._drain(queue.reopen(), keys))
+
+    def _ids(self, submission: str) -> tuple | None:
+        m = re.match(self._format_source("(?P<assignment_id>.*)", "(?P<student_id>.*)", escape=True), submission)
+        return None if m is None else (m["assignment_id"], m["student_id"])
+
+    def _drain(self, queue, keys: dict) -> None:
+        """Grade what the queue gives this process until nothing of this run is left anywhere."""
+        everything = dict(self.assignments)
+        order = sorted(keys)
+        failed = []
+        poll = max(0.5, min(5.0, self.lease_seconds / 4))
+        try:
+            while True:
+                key, busy = queue.claim(order)
+                if key is None:
+                    if busy == 0:
+                        break
+                    time.sleep(poll)  # others are grading the rest: take over what they leave
+                    continue
+                self.assignments = {keys[key]: everything[keys[key]]}
+                ok = False
+                try:
+                    Autograde.convert_notebooks(self)
+                    ok = True
+                except NbGraderException:
+                    failed.append(key)
+                finally:
+                    queue.finish(key, ok)
+        finally:
+            queue.close()
+            self.assignments = everything
+        if failed:
+            raise NbGraderException("Grading failed for: " + ", ".join(f"{s} ({a})" for a, s in failed))
+
+    def _run_workers(self, workers: int, shards: list, target) -> None:
+        submissions = sorted(self.assignments)
         threads = str(threads_per_worker(workers))
         self.log.info("Grading %d submissions with %d workers (%s thread(s) each)",
                       len(submissions), workers, threads)
@@ -280,7 +358,7 @@ class ParallelAutograde(Autograde):
                 pid = os.fork()
                 if pid == 0:  # the worker: never returns
                     os.close(read)
-                    self._work(w, workers, shard, write, threads)
+                    self._work(w, workers, shard, write, threads, target)
                 os.close(write)
                 pids.append(pid)
                 pipes.append(read)
@@ -316,7 +394,7 @@ class ParallelAutograde(Autograde):
         self.log.error(msg)
         raise NbGraderException(msg)
 
-    def _work(self, w: int, workers: int, shard: list, output: int, threads: str) -> None:
+    def _work(self, w: int, workers: int, shard: list, output: int, threads: str, target) -> None:
         """In a forked worker: grade ``shard`` with nbgrader's own loop, log into ``output``, exit."""
         code = 1
         try:
@@ -333,9 +411,7 @@ class ParallelAutograde(Autograde):
             torch.set_num_threads(int(threads))
             asyncio.set_event_loop(None)  # kernels are driven by an event loop of this process's own
             jupyter_core.utils._loop.set(None)
-            self.assignments = {k: v for k, v in self.assignments.items() if k in set(shard)}
-            self.log.info("Grader %d/%d: %d submission(s)", w + 1, workers, len(self.assignments))
-            Autograde.convert_notebooks(self)
+            target(shard)
             code = 0
         except NbGraderException:
             pass  # nbgrader has logged which students failed

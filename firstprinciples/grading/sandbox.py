@@ -81,26 +81,52 @@ def _cgroup(controller: str, name: str) -> Path | None:
     return group
 
 
+_PENDING: set = set()  # this process's groups made and not yet entered (never swept)
+
+
+def group_name(owner: int | None = None) -> str:
+    """A fresh sandbox cgroup's name, with the pid of the process that removes it when done."""
+    return f"fp-sandbox-{owner or os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def _owner_alive(group: Path) -> bool:
+    owner = group.name[len("fp-sandbox-"):].split("-", 1)[0]
+    if not owner.isdigit() or "-" not in group.name[len("fp-sandbox-"):]:
+        return False  # (a name without its owner: anybody's to remove once it is empty)
+    try:
+        os.kill(int(owner), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return int(owner) != os.getpid() or group.name in _PENDING
+
+
 def sweep_cgroups() -> None:
-    """Remove the empty groups that killed sandboxes left behind (rmdir fails on a busy one)."""
+    """Remove the empty groups of sandboxes whose owner is gone (a killed kernel's launcher) or
+    is this process (rmdir fails on a busy one). A live owner's groups are never swept by
+    another process: it may have made them a moment ago and not yet put a process in them."""
     for controller in ("pids", "memory"):
         for group in (CGROUP_ROOT / controller).glob("fp-sandbox-*"):
+            if _owner_alive(group):
+                continue
             try:
                 group.rmdir()
             except OSError:
                 pass
 
 
-def enter_cgroups(name: str) -> list[str]:
-    """Put this process (and so the whole sandbox) into fresh cgroups with limits; return the
-    controllers that took effect. Each controller stands alone: one whose group could not be
-    set up (no rights, or a grader's sweep removed the group while it was still empty) is
-    left out, and ``set_rlimits`` caps that resource instead."""
+def make_cgroups(name: str) -> tuple[list[str], list[tuple[int, int]]]:
+    """Fresh cgroups ``name`` with the sandbox's limits (memory, processes): return the groups
+    that took effect and the rlimits that cap the rest. Each controller stands alone: one
+    whose group could not be set up (no rights, or a grader's sweep removed the group while it
+    was still empty) is left out, and an rlimit caps that resource instead."""
     sweep_cgroups()
+    _PENDING.add(name)
     mem_limit = str(MEMORY_MB * 2**20)
     limits = {"pids": [("pids.max", str(PIDS))],
               "memory": [("memory.limit_in_bytes", mem_limit), ("memory.memsw.limit_in_bytes", mem_limit)]}
-    active = []
+    groups, active = [], []
     for controller, settings in limits.items():
         group = _cgroup(controller, name)
         if group is None:
@@ -109,31 +135,59 @@ def enter_cgroups(name: str) -> list[str]:
             for i, (setting, value) in enumerate(settings):
                 if i == 0 or (group / setting).exists():  # the swap limit exists only with swap accounting
                     (group / setting).write_text(value)
-            (group / "cgroup.procs").write_text(str(os.getpid()))
+            groups.append(str(group))
             active.append(controller)
         except OSError:
             try:
                 group.rmdir()
             except OSError:
                 pass
+    return groups, rlimits(active)
+
+
+def rlimits(controllers: list[str]) -> list[tuple[int, int]]:
+    """File size, CPU time, no core dumps; memory and processes when no cgroup caps them."""
+    out = [(resource.RLIMIT_FSIZE, FILE_MB * 2**20), (resource.RLIMIT_CPU, CPU_SECONDS), (resource.RLIMIT_CORE, 0)]
+    if "memory" not in controllers:
+        out.append((resource.RLIMIT_AS, 2 * MEMORY_MB * 2**20))
+    if "pids" not in controllers:
+        out.append((resource.RLIMIT_NPROC, PIDS))
+    return out
+
+
+def enter_cgroups(name: str) -> list[str]:
+    """Put this process (and so the whole sandbox) into fresh cgroups with limits; return the
+    controllers that took effect (``set_rlimits`` caps the rest)."""
+    groups, _ = make_cgroups(name)
+    _PENDING.discard(name)
+    active = []
+    for group in groups:
+        try:
+            (Path(group) / "cgroup.procs").write_text(str(os.getpid()))
+            active.append(Path(group).parent.name)
+        except OSError:
+            try:
+                os.rmdir(group)
+            except OSError:
+                pass
     return active
 
 
 def set_rlimits(controllers: list[str]) -> None:
-    """File size, CPU time, no core dumps; memory and processes when no cgroup caps them."""
-    def cap(kind, value):
+    for kind, value in rlimits(controllers):
         try:
             resource.setrlimit(kind, (value, value))
         except (ValueError, OSError):
             pass
 
-    cap(resource.RLIMIT_FSIZE, FILE_MB * 2**20)
-    cap(resource.RLIMIT_CPU, CPU_SECONDS)
-    cap(resource.RLIMIT_CORE, 0)
-    if "memory" not in controllers:
-        cap(resource.RLIMIT_AS, 2 * MEMORY_MB * 2**20)
-    if "pids" not in controllers:
-        cap(resource.RLIMIT_NPROC, PIDS)
+
+def sandbox_env() -> dict:
+    """The environment inside the sandbox: nothing of the grader's but these."""
+    env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
+    env.update({"HOME": "/tmp", "IPYTHONDIR": "/tmp/.ipython", "MPLCONFIGDIR": "/tmp/.matplotlib",
+                "JUPYTER_RUNTIME_DIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", "FP_SANDBOXED": "1",
+                "KINETO_LOG_LEVEL": "5"})
+    return env
 
 
 def bwrap_command(kernel_argv: list[str], binds: list[str] = (), ro_binds: list[str] = ()) -> list[str]:
@@ -153,19 +207,15 @@ def bwrap_command(kernel_argv: list[str], binds: list[str] = (), ro_binds: list[
     for f in ro_binds:
         cmd += ["--ro-bind", f, f]
     cmd += ["--chdir", "/tmp", "--clearenv"]
-    for k in KEEP_ENV:
-        if k in os.environ:
-            cmd += ["--setenv", k, os.environ[k]]
-    cmd += ["--setenv", "HOME", "/tmp", "--setenv", "IPYTHONDIR", "/tmp/.ipython",
-            "--setenv", "MPLCONFIGDIR", "/tmp/.matplotlib", "--setenv", "JUPYTER_RUNTIME_DIR", "/tmp",
-            "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "FP_SANDBOXED", "1",
-            "--setenv", "KINETO_LOG_LEVEL", "5", "--"]
+    for k, v in sandbox_env().items():
+        cmd += ["--setenv", k, v]
+    cmd += ["--"]
     return cmd + kernel_argv
 
 
 def run_sandboxed(cmd: list[str]) -> None:
     """Cap this process (cgroups, else rlimits), then run ``cmd`` in it; exits with its status."""
-    name = f"fp-sandbox-{uuid.uuid4().hex[:12]}"
+    name = group_name()
     controllers = enter_cgroups(name)
     set_rlimits(controllers)
     groups = [CGROUP_ROOT / c / name for c in controllers]

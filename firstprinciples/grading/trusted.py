@@ -176,9 +176,7 @@ def run_runner(command: list, cells: list, checks: list, limits: Limits, deadlin
     nonce = secrets.token_hex(16)
     job = {"nonce": nonce, "cells": cells, "pieces": [{"name": c.name, "cases": c.cases} for c in checks]}
     prefix = MARK + nonce
-    env = {**os.environ, "KINETO_LOG_LEVEL": "5", "PYTHONDONTWRITEBYTECODE": "1"}  # the profiler's banners: off
-    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            start_new_session=True, env=env)
+    proc = start_runner(command)
     results: dict = {}
     loaded: dict = {}
     pending = [c.name for c in checks]
@@ -243,6 +241,16 @@ def run_runner(command: list, cells: list, checks: list, limits: Limits, deadlin
     finally:
         _kill(proc)
     return loaded, results  # a piece missing here was not reached: the runner died or stopped before it
+
+
+def start_runner(command) -> subprocess.Popen:
+    """Start a runner: ``command`` is an argument list (a cold interpreter), or a callable that
+    starts one and returns it with ``stdin`` and ``stdout`` pipes (``warm.Runner``)."""
+    if callable(command):
+        return command()
+    env = {**os.environ, "KINETO_LOG_LEVEL": "5", "PYTHONDONTWRITEBYTECODE": "1"}  # the profiler's banners: off
+    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            start_new_session=True, env=env)
 
 
 def _kill(proc) -> None:

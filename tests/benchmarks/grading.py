@@ -48,7 +48,8 @@ from test_instructor_roundtrip import NO_SCALING, fill, solution_answers
 sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
 from book_build import floor_seconds  # noqa: E402 (the same floor as the book build's benchmark)
 
-TARGET = 1.7
+WARM_TARGET = 0.35  # x floor per notebook, on two cores
+CHECK_TARGET = 1.5  # x floor, the check command on a solved notebook
 STOCK_CONFIG = '''c = get_config()  # noqa: F821
 # Stock nbgrader: only where the course's notebooks are.
 c.CourseDirectory.source_directory = "solutions"
@@ -82,10 +83,39 @@ def run(course: Path, *args: str, env: dict | None = None) -> float:
     return time.perf_counter() - t0
 
 
-def scores(course: Path) -> dict:
+def export(course: Path) -> dict:
+    """(assignment, student) -> (score, notes), from nbgrader's own export."""
     run(course, "export")
     with open(course / "grades.csv", newline="") as f:
-        return {(r["assignment"], r["student_id"]): float(r["score"]) for r in csv.DictReader(f)}
+        return {(r["assignment"], r["student_id"]): (float(r["score"]), r.get("notes", "")) for r in csv.DictReader(f)}
+
+
+def graded_outputs(course: Path, assignment: str) -> dict:
+    """(student, notebook, cell id) -> what the student sees of each cell: its outputs' text,
+    without execution counts or timings (the feedback is generated from exactly this)."""
+    out = {}
+    for path in sorted((course / "autograded").glob(f"*/{assignment}/*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        for i, cell in enumerate(nb.cells):
+            key = (path.parts[-3], path.stem, cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", i))
+            out[key] = [{k: v for k, v in o.items() if k not in ("execution_count", "metadata")}
+                        for o in cell.get("outputs", [])]
+    return out
+
+
+def check_seconds(notebook: Path, env: dict, runs: int = 3) -> float:
+    """Median wall time of the students' check command on ``notebook`` (it must pass)."""
+    import subprocess
+
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "firstprinciples.grading.check", str(notebook)],
+                              capture_output=True, text=True, env={**os.environ, **env})
+        times.append(time.perf_counter() - t0)
+        if proc.returncode != 0:
+            sys.exit(f"the check command failed on a solved notebook:\n{proc.stdout}\n{proc.stderr[-3000:]}")
+    return statistics.median(times)
 
 
 def main():
@@ -94,12 +124,14 @@ def main():
     parser.add_argument("--assignments", default="", help="comma-separated (default: every assignment)")
     parser.add_argument("--workers", type=int, default=None,
                         help="grading workers of the course's config (default: its own, the number of cores)")
+    parser.add_argument("--no-stock", action="store_true", help="skip stock nbgrader (its time is then not shown)")
     args = parser.parse_args()
     chosen = [a for a in args.assignments.split(",") if a] or assignments()
     unknown = set(chosen) - set(assignments())
     if unknown:
         sys.exit(f"unknown assignments: {', '.join(sorted(unknown))}")
     env = {"FP_GRADING_WORKERS": str(args.workers)} if args.workers else {}
+    cold = {**env, "FP_GRADING_COLD": "1"}
 
     print(f"floor: starting a kernel and importing torch ({os.cpu_count()} cores) ...", flush=True)
     floor = floor_seconds()
@@ -113,6 +145,7 @@ def main():
         shutil.copytree(SOLUTIONS, stock / "solutions", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
 
         notebooks = 0
+        solved = None
         for a in chosen:
             run(ours, "generate_assignment", a, "--force")
             run(stock, "generate_assignment", a, "--force")
@@ -120,6 +153,10 @@ def main():
                 released = nbformat.read(release, as_version=4)
                 correct = solution_answers(nbformat.read(SOLUTIONS / a / release.name, as_version=4))
                 kinds = [correct, partly_wrong(a, correct, released), None]
+                if solved is None:
+                    solved = tmp / "check" / release.name
+                    solved.parent.mkdir()
+                    nbformat.write(fill(released, correct), solved)
                 for i in range(args.students):
                     nb = released if kinds[i % 3] is None else fill(released, kinds[i % 3])
                     for course in (ours, stock):
@@ -128,40 +165,75 @@ def main():
                         nbformat.write(nb, target / release.name)
                     notebooks += 1
 
-        t_stock = t_ours = 0.0
+        # Per assignment: stock, then the course's config cold, then warm (--force: the same
+        # submissions again), so that a change in the machine's load hits all three alike.
+        t_stock = t_cold = t_warm = 0.0
         loads = [os.getloadavg()[0]]
+        same_outputs = differing = 0
+        got_cold, got_warm = {}, {}
         for a in chosen:
-            print(f"grading {a} ({args.students} students): stock ...", end="", flush=True)
-            s = run(stock, "autograde", a)
-            print(f" {s:.0f} s; course config ...", end="", flush=True)
-            o = run(ours, "autograde", a, env=env)
-            print(f" {o:.0f} s", flush=True)
-            t_stock, t_ours = t_stock + s, t_ours + o
+            print(f"grading {a} ({args.students} students):", end="", flush=True)
+            if not args.no_stock:
+                s = run(stock, "autograde", a)
+                print(f" stock {s:.0f} s;", end="", flush=True)
+                t_stock += s
+            c = run(ours, "autograde", a, env=cold)
+            got_cold.update(export(ours))
+            before = graded_outputs(ours, a)
+            print(f" cold {c:.0f} s;", end="", flush=True)
+            w = run(ours, "autograde", a, "--force", env=env)
+            got_warm.update(export(ours))
+            after = graded_outputs(ours, a)
+            print(f" warm {w:.0f} s", flush=True)
+            t_cold, t_warm = t_cold + c, t_warm + w
+            for key in sorted(set(before) | set(after)):
+                if before.get(key) == after.get(key):
+                    same_outputs += 1
+                else:
+                    differing += 1
+                    if differing <= 5:
+                        print(f"  outputs differ: {key}:\n    cold {before.get(key)}\n    warm {after.get(key)}")
             loads.append(os.getloadavg()[0])
-        got_stock, got_ours = scores(stock), scores(ours)
+        got_stock = {} if args.no_stock else {k: v[0] for k, v in export(stock).items()}
 
-    same = sum(got_stock.get(k) == v for k, v in got_ours.items())
-    speedup = t_stock / t_ours
+        print("the check command on a solved notebook, cold and warm (median of 3) ...", flush=True)
+        check_cold = check_seconds(solved, {"FP_GRADING_COLD": "1"})
+        check_warm = check_seconds(solved, {})
+
     workers = args.workers or os.cpu_count()
     print()
     print(f"{notebooks} notebooks: {args.students} students x {len(chosen)} assignment(s) "
           f"({', '.join(chosen)}); {os.cpu_count()} cores")
-    print(f"{'':46} {'total s':>9} {'s / notebook':>13} {'x floor':>8}")
-    print(f"{'floor (kernel start + import torch, median of 3)':46} {'':>9} {floor:13.2f} {1:8.2f}")
-    print(f"{'serial stock nbgrader':46} {t_stock:9.1f} {t_stock / notebooks:13.2f} {t_stock / notebooks / floor:8.2f}")
-    print(f"{f'course config ({workers} worker(s), sandboxed)':46} {t_ours:9.1f} {t_ours / notebooks:13.2f} "
-          f"{t_ours / notebooks / floor:8.2f}")
-    print(f"speedup over serial stock nbgrader: {speedup:.2f}x  (target >= {TARGET}x: "
-          f"{'met' if speedup >= TARGET else 'NOT met'})")
+    print(f"{'':52} {'total s':>9} {'s / notebook':>13} {'x floor':>8}")
+    print(f"{'floor (kernel start + import torch, median of 3)':52} {'':>9} {floor:13.2f} {1:8.2f}")
+    rows = [] if args.no_stock else [("serial stock nbgrader", t_stock)]
+    rows += [(f"course config, cold kernels ({workers} worker(s), sandboxed)", t_cold),
+             (f"course config, warm kernels ({workers} worker(s), sandboxed)", t_warm)]
+    for label, t in rows:
+        print(f"{label:52} {t:9.1f} {t / notebooks:13.2f} {t / notebooks / floor:8.2f}")
+    ratio = t_warm / notebooks / floor
+    print(f"warm grading: {ratio:.2f} x floor per notebook (target <= {WARM_TARGET} x: "
+          f"{'met' if ratio <= WARM_TARGET else 'NOT met'}); {t_cold / t_warm:.2f}x faster than cold")
+    if not args.no_stock:
+        speedup = t_stock / t_warm
+        print(f"speedup over serial stock nbgrader: {speedup:.2f}x")
+    print(f"check command on {solved.name}: cold {check_cold:.2f} s ({check_cold / floor:.2f} x floor), "
+          f"warm {check_warm:.2f} s ({check_warm / floor:.2f} x floor; target < {CHECK_TARGET} x: "
+          f"{'met' if check_warm / floor < CHECK_TARGET else 'NOT met'})")
     # This run itself keeps about `workers` cores busy; much more means other work competed.
     load = statistics.median(loads)
     print(f"load average while grading (median of {len(loads)} samples): {load:.1f} on {os.cpu_count()} cores")
     if load > workers + 1:
-        print("NOTE: other work was competing for the cores: the times, and the speedup, are not representative")
-    print(f"same grades from both: {same} of {len(got_ours)} submissions")
-    for key in sorted(set(got_ours) | set(got_stock)):
-        if got_ours.get(key) != got_stock.get(key):
-            print(f"  {key[0]} / {key[1]}: stock {got_stock.get(key)}, course config {got_ours.get(key)}")
+        print("NOTE: other work was competing for the cores: the times are not representative")
+    same = sum(got_cold.get(k) == v for k, v in got_warm.items())
+    print(f"warm against cold: same score and notes for {same} of {len(got_warm)} submissions; "
+          f"same outputs in {same_outputs} of {same_outputs + differing} cells")
+    for key in sorted(set(got_cold) | set(got_warm)):
+        if got_cold.get(key) != got_warm.get(key):
+            print(f"  {key[0]} / {key[1]}: cold {got_cold.get(key)}, warm {got_warm.get(key)}")
+    if got_stock:
+        agree = sum(got_stock.get(k) == v[0] for k, v in got_warm.items())
+        print(f"stock against warm: same score for {agree} of {len(got_warm)} submissions")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,236 @@
+"""Warm kernels (``firstprinciples.grading.warm``): forked from a template, each in a sandbox of
+its own that promises what a cold sandboxed kernel does.
+
+Each test starts real kernels through the grader's own kernel manager and asks them, from
+inside, what they can see and do: the user, the capabilities, the processes, ``/tmp``, the
+network, the course files, the environment; then checks from outside that nothing of them
+outlives their shutdown. Two kernels run at once in some tests, so that one can look for
+the other.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from firstprinciples.grading import sandbox, warm
+from firstprinciples.grading.parallel import GraderBoundKernelManager
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None and not os.environ.get("CI"),
+                                 reason="bubblewrap is not installed (apt-get install bubblewrap)")
+needs_linux = pytest.mark.skipif(not warm.available(), reason="warm kernels need Linux and fork")
+
+
+@pytest.fixture(autouse=True)
+def kernelspec(monkeypatch):
+    monkeypatch.setenv("JUPYTER_PATH", os.path.dirname(sandbox.__file__))
+    monkeypatch.delenv(warm.COLD_ENV, raising=False)
+
+
+class Kernel:
+    """A kernel started by the grader's kernel manager; ``run`` returns what a cell printed."""
+
+    def __init__(self, name: str):
+        self.km = GraderBoundKernelManager(kernel_name=name, transport="ipc" if name == "fp-sandbox" else "tcp")
+
+    async def start(self):
+        await self.km.start_kernel()
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        await self.kc.wait_for_ready(timeout=60)
+        return self
+
+    async def run(self, code: str, timeout: float = 60) -> str:
+        msg_id = self.kc.execute(code)
+        out = []
+        while True:
+            msg = await self.kc.get_iopub_msg(timeout=timeout)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                out.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
+            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return "".join(out).strip()
+
+    async def stop(self):
+        self.kc.stop_channels()
+        await self.km.shutdown_kernel(now=True)
+
+
+def _json(text: str):
+    return json.loads(text.splitlines()[-1])
+
+
+INSIDE = r"""
+import json, os, random, socket, sys
+def caps(field):
+    return [l.split()[1] for l in open('/proc/self/status') if l.startswith(field)][0]
+try:
+    socket.create_connection(('127.0.0.1', 22), timeout=2)
+    net = 'connected'
+except OSError as e:
+    net = type(e).__name__
+print(json.dumps({
+    'uid': os.getuid(), 'cwd': os.getcwd(), 'tmp': sorted(os.listdir('/tmp')),
+    'pids': sorted(int(p) for p in os.listdir('/proc') if p.isdigit()),
+    'caps': [caps(f) for f in ('CapEff:', 'CapPrm:', 'CapInh:', 'CapBnd:')], 'nnp': caps('NoNewPrivs:'),
+    'net': net, 'course': os.path.exists(%r), 'env': dict(os.environ), 'random': random.random(),
+    'torch_loaded': 'torch' in sys.modules, 'sid': os.getsid(0) == os.getpid(),
+}))
+""" % str(ROOT / "solutions")
+
+
+@needs_bwrap
+@needs_linux
+def test_a_warm_sandboxed_kernel_is_confined_like_a_cold_one():
+    async def main():
+        a = await Kernel("fp-sandbox").start()
+        b = await Kernel("fp-sandbox").start()
+        try:
+            assert isinstance(a.km.provisioner.process, warm.WarmProcess), "the kernel was not started warm"
+            await a.run("open('/tmp/secret-of-a', 'w').write('x'); import subprocess; "
+                        "p = subprocess.Popen(['sleep', '1000'])")
+            seen_a, seen_b = _json(await a.run(INSIDE)), _json(await b.run(INSIDE))
+        finally:
+            await a.stop()
+            await b.stop()
+        return seen_a, seen_b
+
+    a, b = asyncio.run(main())
+    for seen in (a, b):
+        assert seen["uid"] == 65534 and seen["cwd"] == "/tmp"
+        assert seen["caps"] == ["0000000000000000"] * 4, "a capability is left"
+        assert seen["nnp"] == "1"
+        assert seen["net"] != "connected"
+        assert not seen["course"], "the course's solutions are visible"
+        assert seen["torch_loaded"], "not forked from the template"
+        assert seen["sid"], "the kernel is not the leader of its own session"
+        # the environment is the sandbox's own (plus what ipykernel sets)
+        assert {k: v for k, v in seen["env"].items() if k in sandbox.sandbox_env()} == sandbox.sandbox_env()
+        assert not {"TMPDIR", "PYTHONPATH", "VIRTUAL_ENV"} & set(seen["env"]) - set(sandbox.sandbox_env())
+    # each has its own /tmp and sees only its own processes
+    assert "secret-of-a" in a["tmp"] and "secret-of-a" not in b["tmp"]
+    assert len(b["pids"]) < 6, f"the second kernel sees other processes: {b['pids']}"
+    assert a["random"] != b["random"], "two kernels share Python's random state"
+
+
+def _sleepers() -> list[int]:
+    out = subprocess.run(["pgrep", "-f", "^sleep 1000$"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+@needs_bwrap
+@needs_linux
+def test_nothing_of_a_warm_kernel_outlives_its_shutdown():
+    before = set(_sleepers())
+
+    async def main():
+        k = await Kernel("fp-sandbox").start()
+        proc = k.km.provisioner.process
+        await k.run("import subprocess, os\nfor _ in range(3):\n    subprocess.Popen(['sleep', '1000'], "
+                    "start_new_session=True)\nif os.fork() == 0:\n    os.setsid()\n    os.execvp('sleep', ['sleep', '1000'])")
+        assert len(set(_sleepers()) - before) == 4
+        await k.stop()
+        return proc
+
+    proc = asyncio.run(main())
+    deadline = time.monotonic() + 10
+    while (set(_sleepers()) - before or proc.holder.poll() is None) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not set(_sleepers()) - before, "a process of the kernel outlived it"
+    assert proc.holder.poll() is not None
+    assert not list(Path(sandbox.CGROUP_ROOT / "pids").glob(f"fp-sandbox-{os.getpid()}-*")), "its cgroup is left"
+
+
+@needs_bwrap
+@needs_linux
+def test_a_kernel_that_exits_is_seen_dead_and_cannot_touch_the_template():
+    async def main():
+        k = await Kernel("fp-sandbox").start()
+        template = warm.Template.get(True).proc
+        # kill(-1) signals every process it may: only those of its own sandbox
+        k.kc.execute("import os, signal; os.kill(-1, signal.SIGKILL); os._exit(0)")
+        deadline = time.monotonic() + 10
+        while await k.km.is_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        alive = await k.km.is_alive()
+        await k.stop()
+        return alive, template
+
+    alive, template = asyncio.run(main())
+    assert not alive, "the kernel's death was not noticed"
+    assert template.poll() is None, "a kernel killed the template"
+
+
+@needs_linux
+def test_an_unsandboxed_warm_kernel_and_its_children_end_with_it(tmp_path):
+    """The students' check command: no sandbox, but the same start and the same end."""
+    before = set(_sleepers())
+
+    async def main():
+        k = await Kernel("python3").start()
+        assert isinstance(k.km.provisioner.process, warm.WarmProcess)
+        cwd = await k.run("import os, subprocess; subprocess.Popen(['sleep', '1000']); print(os.getcwd())")
+        await k.stop()
+        return cwd
+
+    cwd = asyncio.run(main())
+    assert cwd == os.getcwd()
+    deadline = time.monotonic() + 10
+    while set(_sleepers()) - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not set(_sleepers()) - before, "a child of the kernel outlived it"
+
+
+@needs_linux
+def test_the_cold_path_is_taken_when_asked(monkeypatch):
+    monkeypatch.setenv(warm.COLD_ENV, "1")
+
+    async def main():
+        k = await Kernel("python3").start()
+        kind = type(k.km.provisioner.process).__name__
+        await k.stop()
+        return kind
+
+    assert asyncio.run(main()) == "Popen"
+
+
+@needs_bwrap
+@needs_linux
+@pytest.mark.parametrize("answer, passes", [
+    ("def softmax(x, dim=-1):\n    e = torch.exp(x - x.amax(dim=dim, keepdim=True))\n"
+     "    return e / e.sum(dim=dim, keepdim=True)", True),
+    ("def softmax(x, dim=-1):\n    e = torch.exp(x)\n    return e / e.sum(dim=dim, keepdim=True)", False),
+])
+def test_a_warm_recheck_gives_the_cold_verdicts(answer, passes):
+    """The re-check's runner, forked into a sandbox of its own: the same outcomes as a cold one."""
+    import nbformat
+
+    from firstprinciples.grading import trusted
+
+    source = ROOT / "solutions" / "softmax" / "softmax.ipynb"
+    nb = nbformat.read(source, as_version=4)
+    for cell in nb.cells:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "softmax":
+            cell.source = answer
+    plan = trusted.make_plan(nb, 7, trusted.course_sources(source))
+    limits = trusted.Limits(piece=30, total=120)
+    cold, cold_flags = trusted.recheck(plan, sandbox.recheck_command(True), limits)
+    runner = warm.Runner(sandbox.recheck_command(True), True)
+    hot, hot_flags = trusted.recheck(plan, runner, limits)
+    assert cold and cold == hot, "the warm runner found something else than the cold one"
+    assert cold_flags == hot_flags
+    failed, _flagged = trusted.apply(copy.deepcopy(nb), plan, hot)
+    assert bool(failed) != passes, failed
