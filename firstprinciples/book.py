@@ -21,6 +21,11 @@
   that header: an empty grey bar on screen, and an ``empty-table-header``
   failure for screen readers.
 
+- Launch buttons (Binder, Colab, JupyterHub) open notebooks: on a chapter, whose source is
+  a Markdown notebook that Colab cannot open, they open the chapter's exercise notebook
+  (the first ``exercises/...`` the chapter links to) and say so; a page with no exercise
+  has none.
+
 Enabled in ``_config.yml`` (``sphinx.extra_extensions``). The box is added to
 the page, not to the notebook, so the released notebook stays exactly what
 nbgrader generates.
@@ -28,6 +33,7 @@ nbgrader generates.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path, PurePosixPath
 
 from docutils import nodes
@@ -59,13 +65,15 @@ def add_local_work_box(app, doctree):
     steps = nodes.enumerated_list()
     for item in (
         _text("Download the notebook: ", download, "."),
-        _text("In a clone of the course repository, install the course once: ",
-              nodes.literal(text="pip install -r requirements.txt"),
-              " (the notebook's tests import the course package)."),
+        _text("In a clone of the course repository, install the student set once: ",
+              nodes.literal(text="pip install -r requirements-student.txt"),
+              " (the README's Students section: the CPU build of PyTorch, and nbgrader's extensions off)."),
         _text("Open the notebook in Jupyter, fill in every cell marked ",
-              nodes.literal(text="YOUR CODE HERE"), ", then restart the kernel and run all cells."),
-        _text("A test cell that raises nothing has passed; a failing one says what is wrong. "
-              "The grader runs the same tests plus hidden ones."),
+              nodes.literal(text="YOUR CODE HERE"), ", then restart the kernel and run all cells. "
+              "Run All stops at the first failing cell."),
+        _text("To run every test at once, as the grader does: ",
+              nodes.literal(text=f"python -m firstprinciples.grading.check {filename}"),
+              ". The grader runs the same tests plus hidden ones, and re-checks each piece outside your notebook."),
     ):
         steps += nodes.list_item("", item)
     box += steps
@@ -161,6 +169,42 @@ def _quiet_logger():
     return log
 
 
+EXERCISE_LINK = re.compile(r"exercises/([A-Za-z0-9_]+)/([A-Za-z0-9_]+)")
+
+
+def exercise_of(srcdir, pagename: str) -> str | None:
+    """The exercise notebook a Markdown page links to first (``exercises/a/nb.ipynb``), or None."""
+    source = Path(srcdir) / f"{pagename}.md"
+    if not source.is_file():
+        return None
+    m = EXERCISE_LINK.search(source.read_text(encoding="utf-8"))
+    if m is None or not (Path(srcdir) / f"{m.group(0)}.ipynb").is_file():
+        return None
+    return f"{m.group(0)}.ipynb"
+
+
+def launch_exercises(app, pagename, templatename, context, doctree):
+    """Point a Markdown page's launch buttons at its exercise notebook (or drop them)."""
+    if not str(context.get("sourcename", "")).endswith((".md", ".md.txt")):
+        return
+    buttons = context.get("header_buttons") or []
+    group = next((b for b in buttons if b.get("label") == "launch-buttons"), None)
+    if group is None:
+        return
+    target = exercise_of(app.srcdir, pagename)
+    if target is None:
+        buttons.remove(group)
+        return
+    for button in group["buttons"]:
+        url = button.get("url", "")
+        for ext in (".md", ".ipynb"):
+            url = url.replace(f"{pagename}{ext}", target)
+        button["url"] = url
+        button["text"] = f"{button['text']}: the exercise"
+        button["tooltip"] = f"Open this chapter's exercise notebook on {button['text'].split(':')[0]}"
+    group["tooltip"] = "Open this chapter's exercise notebook"
+
+
 def setup(app):
     # Before Sphinx's download collector (priority 500) so that it registers the file.
     app.connect("doctree-read", add_local_work_box, priority=400)
@@ -169,5 +213,6 @@ def setup(app):
     app.add_css_file("book.css")
     app.connect("html-page-context", dedupe_scripts, priority=900)
     app.connect("html-page-context", accessible_markup)
+    app.connect("html-page-context", launch_exercises, priority=600)  # after the theme's (501)
     app.connect("env-before-read-docs", execute_in_parallel, priority=400)
     return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1"}

@@ -180,3 +180,35 @@ OUTPUT_BREAKS = {
     "ReturnsNumpy": lambda t: t.detach().numpy(),
     "CastsToFloat32": lambda t: t.float(),
 }
+
+
+# ---------------------------------------------------------------- what the student reads
+def assert_message(check, fn, fragments, what):
+    """``check(fn)`` fails and its message contains every one of ``fragments``."""
+    ok, err = outcome(check, fn)
+    assert not ok, f"{what}: the check accepts it"
+    text = str(err)
+    missing = [f for f in fragments if f not in text]
+    assert not missing, f"{what}: the message lacks {missing}:\n{text}"
+
+
+def messages_test(checks, variants, rows):
+    """Test with ids ``variant-check``: rows (variant, check name, fragments): the student's bug,
+    the check that must fail on it, and what its message must say (every fragment, verbatim)."""
+
+    @pytest.mark.parametrize("variant, check, fragments", rows, ids=[f"{v}-{c}" for v, c, _ in rows])
+    def test(variant, check, fragments):
+        assert_message(checks[check], variants[variant][0], fragments, f"{variant}, {check}")
+
+    return test
+
+
+def messages_by_piece_test(checks_of, variants, rows):
+    """As messages_test, for rows (piece, variant, check name, fragments)."""
+
+    @pytest.mark.parametrize("piece, variant, check, fragments", rows,
+                             ids=[f"{p}-{v}-{c}" for p, v, c, _ in rows])
+    def test(piece, variant, check, fragments):
+        assert_message(checks_of[piece][check], variants[(piece, variant)][0], fragments, f"{piece}, {variant}, {check}")
+
+    return test

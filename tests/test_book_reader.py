@@ -313,6 +313,25 @@ def test_launch_buttons_point_at_no_placeholder(html):
         assert "example.org" not in page and "jupyterhub" not in page.lower(), doc
 
 
+def _launch_links(page: str) -> list[str]:
+    import re
+
+    return re.findall(r'href="(https://(?:colab\.research\.google\.com|mybinder\.org)[^"]*)"', page)
+
+
+def test_launch_buttons_open_notebooks(html):
+    """Colab cannot open a chapter's Markdown source: a chapter's buttons open its exercise
+    notebook, an exercise page's its own notebook, and a page without an exercise has none."""
+    chapter = _launch_links((html / "chapters/attention.html").read_text())
+    assert chapter and all("exercises/attention/scaled_dot_product_attention.ipynb" in u for u in chapter), chapter
+    exercise = _launch_links((html / "exercises/softmax/softmax.html").read_text())
+    assert exercise and all("exercises/softmax/softmax.ipynb" in u for u in exercise), exercise
+    for page in html.glob("**/*.html"):
+        links = _launch_links(page.read_text())
+        assert not [u for u in links if ".md" in u.split("?")[0] or "urlpath" in u and ".md" in u], page
+    assert not _launch_links((html / "chapters/explorer.html").read_text()), "the explorer has no exercise"
+
+
 # ---------------------------------------------------------------- accessibility (axe-core)
 def _axe_source():
     candidates = [os.environ.get("FP_AXE_CORE"), ROOT / ".axe" / "node_modules" / "axe-core" / "axe.min.js",

@@ -17,11 +17,14 @@ import torch.nn.functional as F
 from course import as_student_code
 from firstprinciples import examples, reference
 from firstprinciples.checks import attention as A
-from checktable import assert_passes, expectations_test, naming_test, outcome, rejections_test, variants_test
+from checktable import (
+    assert_passes, expectations_test, messages_test, naming_test, outcome, rejections_test, variants_test,
+)
 from seeds import seed_namespace
 
 CHECKS = {
     "worked": A.check_worked_example,
+    "batched_worked": A.check_batched_worked_example,
     "shapes": A.check_batched_shapes,
     "causal": A.check_causal_mask,
     "random": A.check_random_against_torch,
@@ -100,6 +103,27 @@ def transpose_with_T(Q, K, V, mask=None):
     return w @ V, w
 
 
+def dot_T(Q, K, V, mask=None):
+    scores = Q @ K.T / math.sqrt(Q.shape[-1])  # as a student writes it: right in 2-D only
+    if mask is not None:
+        scores = scores + mask
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ V, weights
+
+
+def if_mask(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask:
+        scores = scores + mask
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ V, weights
+
+
+def returned_in_the_wrong_order(Q, K, V, mask=None):
+    out, w = _softmax_attn(Q, K, V, mask)
+    return w, out
+
+
 _EXAMPLE_WEIGHTS = correct(*examples.cat_sat_mat(torch.float64))[1].tolist()
 
 
@@ -119,22 +143,25 @@ OTHER_VARIANTS = {
     "returns the output only": (output_only, ALL),
     "casts to float32": (casts_to_float32, ALL),
     "weights transposed": (weights_transposed, ALL - {"grads"}),
-    "K.T on batched inputs": (transpose_with_T, {"shapes", "random", "masks", "grads"}),
+    "K.T on batched inputs": (transpose_with_T, {"batched_worked", "shapes", "random", "masks", "grads"}),
+    "Q @ K.T": (dot_T, {"batched_worked", "shapes", "random", "masks", "grads"}),
+    "if mask:": (if_mask, {"batched_worked", "causal", "masks", "grads"}),
+    "returns (weights, output)": (returned_in_the_wrong_order, ALL),
     "hard-coded worked example": (hard_coded_example, ALL - {"worked"}),
 }
 
 # Which checks each named mistake must fail (the values are not just "some").
 MISTAKE_FAILS = {
-    "no scaling": {"worked", "causal", "random", "masks"},
-    "scaled by d_k": {"worked", "causal", "random", "masks"},
+    "no scaling": {"worked", "batched_worked", "causal", "random", "masks"},
+    "scaled by d_k": {"worked", "batched_worked", "causal", "random", "masks"},
     "scaled by sqrt(d_v)": {"random", "masks"},
-    "scaled by sqrt(T_k)": {"worked", "causal", "random", "masks"},
-    "softmax over the wrong axis": {"worked", "shapes", "causal", "random", "masks"},
-    "mask added after the softmax": {"causal", "masks", "grads"},
-    "mask ignored": {"causal", "masks"},
+    "scaled by sqrt(T_k)": {"worked", "batched_worked", "causal", "random", "masks"},
+    "softmax over the wrong axis": {"worked", "batched_worked", "shapes", "causal", "random", "masks"},
+    "mask added after the softmax": {"batched_worked", "causal", "masks", "grads"},
+    "mask ignored": {"batched_worked", "causal", "masks"},
     "mask added before the scaling": {"masks"},
     "keys used as values": ALL,
-    "scores returned as weights": {"worked", "shapes", "causal", "random", "masks"},
+    "scores returned as weights": {"worked", "batched_worked", "shapes", "causal", "random", "masks"},
     "softmax overflows": {"random"},
 }
 
@@ -173,6 +200,35 @@ test_failure_names_the_mistake = naming_test(
         ("scaled by sqrt(d_v)", "random"),
     ],
 )
+
+
+# The student's bug, the check that must fail on it, and what its message must say: the
+# student's own line (these variants are defined in this file, so its name appears), the
+# error, and the hint.
+test_message_names_the_students_line = messages_test(CHECKS, VARIANTS, [
+    ("Q @ K.T", "batched_worked", ["raised by your code at", "test_checks_attention.py", "in dot_T",
+                                   "scores = Q @ K.T / math.sqrt(Q.shape[-1])", "Shapes on this line: Q (2, 2, 3, 2)",
+                                   "`K.T` reverses every dimension", "`K.transpose(-2, -1)`"]),
+    ("Q @ K.T", "shapes", ["in dot_T", "`K.T` reverses every dimension"]),
+    ("if mask:", "batched_worked", ["in if_mask", "if mask:", "Boolean value of Tensor",
+                                    "write `if mask is not None:`"]),
+    ("if mask:", "causal", ["write `if mask is not None:`"]),
+    ("returns (weights, output)", "worked", ["wrong order: (weights, output) instead of (output, weights)"]),
+    ("returns (weights, output)", "grads", ["wrong order"]),
+    ("no scaling", "batched_worked", ["no scaling", "entry [0, 0] is the worked example"]),
+])
+
+
+def test_failure_traceback_keeps_only_the_students_frames():
+    ok, err = outcome(A.check_batched_worked_example, dot_T)
+    files = []
+    tb = err.__traceback__
+    while tb is not None:
+        files.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    # This test's own frame (the caller), the one hidden wrapper frame, then the student's line.
+    assert [f for f in files if "firstprinciples" in f] == [files[1]] and files[1].endswith("_student.py"), files
+    assert files[-1] == __file__ and "torch" not in "".join(files), files
 
 
 def test_correct_answer_is_not_diagnosed_with_a_mistake_that_equals_it():

@@ -376,6 +376,7 @@ MISTAKE_FAILS = {
     ("cached_attention_step", "stale queries"): STEP_ALL,
     ("cached_attention_step", "queries cached"): {"one_token", "prompt"},
     ("cached_attention_step", "recomputing everything"): {"one_token", "prompt"},
+    ("cached_attention_step", "heads split without the transpose"): {"one_token", "prompt"},
     ("generate", "new cache every step"): {"generate"},
     ("generate", "first position fed back"): {"generate"},
     ("generate", "whole sequence fed at every step"): {"generate"},
@@ -411,6 +412,8 @@ OTHER_VARIANTS = {
     ("generate", "casts to float32"): (generate_float32, {"generate"}),
     ("generate", "step with a stale query"): (generate_with_step_mistake(C._step_stale_queries), {"generate"}),
     ("generate", "step whose cache is not updated"): (generate_with_step_mistake(C._step_not_updated), {"generate"}),
+    ("generate", "step splitting heads without the transpose"): (
+        generate_with_step_mistake(C._step_split_no_transpose), {"generate"}),
 }
 
 VARIANTS = {
@@ -458,6 +461,8 @@ test_failure_names_the_mistake = naming_by_piece_test(
         ("cached_attention_step", "queries cached", "one_token"),
         ("cached_attention_step", "recomputing everything", "one_token"),
         ("cached_attention_step", "new token left out", "prompt"),
+        ("cached_attention_step", "heads split without the transpose", "one_token"),
+        ("cached_attention_step", "heads split without the transpose", "prompt"),
         ("generate", "new cache every step", "generate"),
         ("generate", "first position fed back", "generate"),
         ("generate", "recomputing everything", "generate"),

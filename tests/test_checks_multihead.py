@@ -25,6 +25,7 @@ from checktable import (
     assert_names_the_mistake,
     assert_passes,
     assert_rejected_by_enough,
+    messages_test,
     expectations_test,
     naming_test_for,
     outcome,
@@ -372,6 +373,63 @@ MergeWithView = variant(
 )
 
 
+class StudentMHA(nn.Module):
+    """Written out as a student writes it (one forward, the usual names), for the variants below."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.n_heads = n_heads
+        self.W_q = nn.Linear(d_model, d_model, bias=False)
+        self.W_k = nn.Linear(d_model, d_model, bias=False)
+        self.W_v = nn.Linear(d_model, d_model, bias=False)
+        self.W_o = nn.Linear(d_model, d_model, bias=False)
+
+
+class DotTIn4D(StudentMHA):
+    def forward(self, x, mask=None):
+        Q, K, V = (good_split(W(x), self.n_heads) for W in (self.W_q, self.W_k, self.W_v))
+        scores = Q @ K.T / math.sqrt(Q.shape[-1])  # K is (B, H, T, d_k): .T reverses all four
+        if mask is not None:
+            scores = scores + mask
+        weights = torch.softmax(scores, dim=-1)
+        return self.W_o(good_merge(weights @ V)), weights
+
+
+class IfMask(StudentMHA):
+    def forward(self, x, mask=None):
+        Q, K, V = (good_split(W(x), self.n_heads) for W in (self.W_q, self.W_k, self.W_v))
+        scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if mask:
+            scores = scores + mask
+        weights = torch.softmax(scores, dim=-1)
+        return self.W_o(good_merge(weights @ V)), weights
+
+
+_attention = as_student_code(reference.scaled_dot_product_attention)  # (the student's own, as a cell has it)
+
+
+class WeightsFirst(StudentMHA):
+    def forward(self, x, mask=None):
+        Q, K, V = (good_split(W(x), self.n_heads) for W in (self.W_q, self.W_k, self.W_v))
+        out, weights = _attention(Q, K, V, mask)
+        return weights, self.W_o(good_merge(out))
+
+
+class ViewAfterTranspose(StudentMHA):
+    def forward(self, x, mask=None):
+        B, T, d_model = x.shape
+        Q, K, V = (good_split(W(x), self.n_heads) for W in (self.W_q, self.W_k, self.W_v))
+        out, weights = _attention(Q, K, V, mask)
+        out = out.transpose(1, 2).view(B, T, d_model)
+        return self.W_o(out), weights
+
+
+class NoSuperInit(StudentMHA):
+    def __init__(self, d_model, n_heads):
+        self.n_heads = n_heads
+        self.W_q = nn.Linear(d_model, d_model, bias=False)
+
+
 def _mha_checks():
     return {
         "structure": M.check_mha_structure,
@@ -418,7 +476,33 @@ MHA_VARIANTS.update({
     "modifies its input": (ModifiesInput, ALL - {"structure"}),
     "returns the output only": (OutputOnly, ALL - {"structure"}),
     ".view after a transpose in merge": (MergeWithView, ALL - {"structure"}),
+    "Q @ K.T on (B, H, T, d_k)": (DotTIn4D, ALL - {"structure"}),
+    "if mask:": (IfMask, MASKED | {"grads"}),
+    "returns (weights, output)": (WeightsFirst, ALL - {"structure"}),
+    "view after transpose": (ViewAfterTranspose, ALL - {"structure"}),
+    "no super().__init__()": (NoSuperInit, ALL),
 })
+
+# The student's bug, the check that must fail on it, and what its message must say.
+test_mha_message_names_the_students_line = messages_test(MHA_CHECKS, MHA_VARIANTS, [
+    ("Q @ K.T on (B, H, T, d_k)", "reference_visible", [
+        "raised by your code at", "in DotTIn4D.forward", "scores = Q @ K.T / math.sqrt(Q.shape[-1])",
+        "The size of tensor a", "Shapes on this line: Q (2, 2, 5, 4), K (2, 2, 5, 4)",
+        "`K.T` reverses every dimension", "`K.transpose(-2, -1)`"]),
+    ("if mask:", "causal", ["in IfMask.forward", "if mask:", "write `if mask is not None:`"]),
+    ("returns (weights, output)", "reference_visible", [
+        "wrong order: (weights, output) instead of (output, weights)", "output (2, 5, 8)"]),
+    ("returns (weights, output)", "grads_visible", ["wrong order: (weights, output)"]),
+    ("view after transpose", "reference_visible", [
+        "in ViewAfterTranspose.forward", "out = out.transpose(1, 2).view(B, T, d_model)", "use `.reshape(...)`"]),
+    ("no super().__init__()", "structure", ["in NoSuperInit.__init__", "self.W_q = nn.Linear",
+                                            "must call `super().__init__()`"]),
+])
+
+
+def test_wrong_order_is_not_blamed_on_the_gradients():
+    ok, err = outcome(MHA_CHECKS["grads_visible"], WeightsFirst)
+    assert "No gradient reaches" not in str(err) and "wrong order" in str(err), str(err)
 
 
 test_every_mha_mistake_has_a_variant = expectations_test((MHA_MISTAKE_CLASSES, M.MHA_MISTAKES))

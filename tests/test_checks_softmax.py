@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from course import as_student_code
 from firstprinciples import reference
 from firstprinciples.checks import softmax as S
-from checktable import correct_answers_test, expectations_test, naming_test, outcome, rejections_test, variants_test
+from checktable import correct_answers_test, expectations_test, messages_test, naming_test, outcome, rejections_test, variants_test
 
 CHECKS = {
     "worked": S.check_worked_example,
@@ -135,6 +135,11 @@ def max_namedtuple(x, dim=-1):
     return e / e.sum(dim=dim, keepdim=True)
 
 
+def epsilon_in_the_sum(x, dim=-1):
+    e = torch.exp(x - x.amax(dim=dim, keepdim=True))
+    return e / (e.sum(dim=dim, keepdim=True) + 1e-9)  # "to be safe": a lone weight is 0.999999999
+
+
 _WORKED = correct(torch.tensor([1.10, 1.00, 0.60], dtype=torch.float64) / 2**0.5).tolist()
 
 
@@ -162,6 +167,7 @@ OTHER_VARIANTS = {
     "casts to float32": (casts_to_float32, ALL),
     "computes in float64": (computes_in_float64, ALL - {"worked"}),
     "-inf replaced by -100": (minus_inf_as_minus_100, {"minus_inf"}),
+    "+ 1e-9 in the denominator": (epsilon_in_the_sum, {"worked", "minus_inf"}),
     "x.max(dim) used as a tensor": (max_namedtuple, ALL),
     "hard-coded worked example": (hard_coded_example, ALL),
 }
@@ -229,6 +235,14 @@ def test_forbidden_call_message_is_clear():
 def test_minus_inf_message_says_exactly_zero():
     ok, err = outcome(S.check_minus_inf, minus_inf_as_minus_100)
     assert "-inf" in str(err) and "exactly 0" in str(err), str(err)
+
+
+# The student's bug, the check that must fail on it, and what its message must say: a value
+# that must be exactly 1 is printed exactly (0.999999999, not a rounded "1").
+test_message_prints_exact_values = messages_test(CHECKS, VARIANTS, [
+    ("+ 1e-9 in the denominator", "minus_inf", ["= 0.9999999989999999 ", "must be exactly 1", "off by 1.000000082740371e-09", "epsilon"]),
+    ("-inf replaced by -100", "minus_inf", ["e-44", "must be exactly 0"]),
+])
 
 
 def test_broadcast_error_suggests_keepdim():

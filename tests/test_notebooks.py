@@ -60,3 +60,17 @@ def test_release_passes_no_test(path):
     failed = {f["source"] for f in results.get("failed", [])}
     graded = {c.source.strip() for c in grade_cells(nb)}
     assert graded and failed == graded, f"tests that pass on the untouched release: {sorted(graded - failed)}"
+
+
+@pytest.mark.parametrize("path", RELEASED, ids=rel)
+def test_first_cell_installs_the_course_from_the_repository(path):
+    """Where the course package is missing (Colab), the setup cell installs it from the address
+    set in _config.yml (repository.url), the one place it is written by hand."""
+    import yaml
+
+    from course import ROOT
+
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+    setup = next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    assert 'find_spec("firstprinciples") is None' in setup.source, "the setup cell does not install the course"
+    assert f'"git+{url}"' in setup.source, f"the setup cell's address is not _config.yml's repository.url ({url})"

@@ -1,4 +1,5 @@
 """The students' check command: run a saved notebook as the grader will, report per test."""
+import re
 import subprocess
 import sys
 
@@ -9,6 +10,18 @@ from course import EXERCISES, SOLUTIONS
 from test_instructor_roundtrip import NO_SCALING, fill, solution_answers
 
 ASSIGNMENT, NOTEBOOK = "attention", "scaled_dot_product_attention"
+
+IF_MASK = '''
+import math
+import torch
+
+def scaled_dot_product_attention(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask:
+        scores = scores + mask
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ V, weights
+'''
 
 
 def run_check(path):
@@ -22,7 +35,8 @@ def notebooks(tmp_path_factory):
     release = nbformat.read(EXERCISES / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
     correct = solution_answers(nbformat.read(SOLUTIONS / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4))
     paths = {}
-    for name, answers in {"correct": correct, "untouched": {}, "no_scaling": {NOTEBOOK: NO_SCALING}}.items():
+    cases = {"correct": correct, "untouched": {}, "no_scaling": {NOTEBOOK: NO_SCALING}, "if_mask": {NOTEBOOK: IF_MASK}}
+    for name, answers in cases.items():
         paths[name] = folder / f"{name}.ipynb"
         nbformat.write(fill(release, answers), paths[name])
     paths["broken"] = folder / "broken.ipynb"
@@ -35,6 +49,20 @@ def test_correct_notebook_passes_everything(notebooks):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Visible score: 10/10" in proc.stdout
     assert "FAIL" not in proc.stdout
+    # Quiet: no kernel warning about TCP (the kernel's sockets are Unix sockets), nothing on stderr.
+    assert "TCP" not in proc.stderr and not proc.stderr.strip(), proc.stderr
+
+
+def test_error_in_the_students_code_names_their_cell_and_line(notebooks):
+    proc = run_check(notebooks["if_mask"])
+    assert proc.returncode == 1
+    out = proc.stdout
+    assert "FAIL  test_masks" in out and "pass  test_worked_example" in out, out
+    # The student's cell (by its name in the notebook) and line first, then the error and the hint.
+    assert "raised by your code at cell In[" in out and "(your `scaled_dot_product_attention` cell" in out, out
+    assert re.search(r"line \d+, in scaled_dot_product_attention:\n +if mask:\n", out), out
+    assert "Boolean value of Tensor" in out and "write `if mask is not None:`" in out, out
+    assert "Traceback" not in out + proc.stderr and "_core.py" not in out and "TCP" not in proc.stderr
 
 
 def test_untouched_release_fails_every_test_and_says_why(notebooks):

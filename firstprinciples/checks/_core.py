@@ -41,6 +41,12 @@ def fmt(x):
     return f"{x:.6g}" if isinstance(x, float) else str(x)
 
 
+def exact(x):
+    """A number printed exactly (the shortest text that reads back as the same float), for messages
+    about values that must be exactly 0 or 1: 0.999999999 is not "1", and 1e-300 is not "0"."""
+    return repr(float(x))
+
+
 def expect_tensor(name, value):
     if not isinstance(value, torch.Tensor):
         raise AssertionError(
@@ -64,6 +70,33 @@ def unpack(result, names):
             + "."
         )
     return tuple(expect_tensor(n, r) for n, r in zip(names, result))
+
+
+def check_order(outputs, names, shapes):
+    """Fail with a clear message when a returned tuple is in the wrong order.
+
+    ``shapes``: the expected shape of each output, None where it is not known. The
+    outputs are in the wrong order when some other order puts every known shape in its
+    place and this one does not (``return weights, output`` instead of ``output, weights``).
+    """
+    import itertools
+
+    got = [tuple(o.shape) for o in outputs]
+
+    def fits(order):
+        return all(want is None or tuple(want) == got[i] for i, want in zip(order, shapes))
+
+    if len(outputs) < 2 or fits(range(len(outputs))):
+        return
+    for order in itertools.permutations(range(len(outputs))):
+        if fits(order) and any(shapes[j] is not None for j in range(len(order)) if order[j] != j):
+            returned = ", ".join(names[order.index(i)] for i in range(len(names)))
+            want = ", ".join(f"{n} {tuple(sh)}" if sh is not None else n for n, sh in zip(names, shapes))
+            raise AssertionError(
+                f"Your answer returns its results in the wrong order: ({returned}) instead of "
+                f"({', '.join(names)}). Return them in that order: {want}. "
+                f"(Yours have shapes {', '.join(str(g) for g in got)}.)"
+            )
 
 
 def close(a, b, atol, rtol):
@@ -157,11 +190,12 @@ def with_diagnosis(check, outputs, args, mistakes, reference, kwargs=None):
         raise
 
 
-def call_answer(fn, args, kwargs=None, *, names, forbidden):
+def call_answer(fn, args, kwargs=None, *, names, forbidden, shapes=None):
     """Call the student's ``fn`` on copies of the inputs, under ``forbidden``.
 
     Fails if the answer calls a forbidden built-in, modifies an input in place,
-    or does not return ``len(names)`` tensors. Returns the unpacked outputs.
+    or does not return ``len(names)`` tensors, or (given ``shapes``, see
+    ``check_order``) returns them in the wrong order. Returns the unpacked outputs.
     """
     from ..guard import call_without
 
@@ -177,7 +211,10 @@ def call_answer(fn, args, kwargs=None, *, names, forbidden):
                 f"Your function modified its input ({which}) in place. Build new tensors instead "
                 "(for example `x = x / s` rather than `x /= s` or `x.div_(s)`)."
             )
-    return unpack(result, names)
+    outputs = unpack(result, names)
+    if shapes is not None:
+        check_order(outputs, names, shapes)
+    return outputs
 
 
 def assert_gradcheck(fn, inputs, *, what, fast=False):

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from .. import examples
 from ..reference import causal_mask, scaled_dot_product_attention as reference
 from ..guard import call_without
+from ._student import wrap_checks
 from ._core import Mistake, assert_gradcheck, assert_matches, call_answer, fmt, unpack, with_diagnosis
 
 FORBIDDEN = dict(
@@ -115,7 +116,8 @@ MISTAKES = (
 def _run(fn, Q, K, V, mask=None):
     """Call the answer on copies of the inputs; return (output, weights)."""
     kwargs = {} if mask is None else {"mask": mask}
-    return call_answer(fn, (Q, K, V), kwargs, names=("output", "weights"), forbidden=FORBIDDEN)
+    shapes = ((*Q.shape[:-1], V.shape[-1]), (*Q.shape[:-1], K.shape[-2]))  # (..., T_q, d_v), (..., T_q, T_k)
+    return call_answer(fn, (Q, K, V), kwargs, names=("output", "weights"), forbidden=FORBIDDEN, shapes=shapes)
 
 
 def _compare(fn, Q, K, V, mask=None, *, against_torch=False, label=""):
@@ -151,9 +153,9 @@ def check_worked_example(fn):
         )
 
     def check():
-        # The source prints three decimals computed from rounded intermediate
-        # steps (its 0.266 is 0.26667 exactly), so a correct answer is within
-        # 1e-3 of every printed figure; the exact check against the reference follows.
+        # The book prints each figure rounded once to three decimals (0.2666 is
+        # printed 0.267), so a correct answer is within 1e-3 of every printed
+        # figure; the exact check against the reference follows.
         for j, tok in enumerate(examples.TOKENS):
             got, want = w[0, j].item(), examples.WEIGHTS[j]
             assert abs(got - want) <= 1e-3, (
@@ -166,6 +168,26 @@ def check_worked_example(fn):
         assert_matches("weights", w, reference(Q, K, V)[1], context="in the worked example")
 
     with_diagnosis(check, (out, w), (Q, K, V), MISTAKES, reference)
+
+
+def worked_example_in_a_batch(dtype=torch.float64):
+    """Q, K, V of shape (B=2, H=2, T=3, d=2): batch 0, head 0 is "Cat sat mat" with all three
+    queries; the other sequences and heads are seeded random. As multi-head attention calls it."""
+    Q3, K3, V3 = examples.cat_sat_mat(dtype, all_queries=True)
+    g = torch.Generator().manual_seed(3)
+    Q, K, V = (torch.randn(2, 2, 3, 2, generator=g, dtype=dtype) for _ in range(3))
+    Q[0, 0], K[0, 0], V[0, 0] = Q3, K3, V3
+    return Q, K, V
+
+
+def check_batched_worked_example(fn):
+    """Your attention as the later exercises call it: "Cat sat mat" inside a batch of 2 sequences
+    of 2 heads each, Q, K, V of shape (2, 2, 3, 2), without a mask and with the causal mask (3, 3),
+    which broadcasts over the batch and the heads. Values against the reference."""
+    Q, K, V = worked_example_in_a_batch(torch.float64)
+    where = "for Q, K, V of shape (B=2, H=2, T=3, d=2) (entry [0, 0] is the worked example)"
+    _compare(fn, Q, K, V, label=where)
+    _compare(fn, Q, K, V, causal_mask(3, torch.float64), label=where + " with the causal mask of shape (3, 3)")
 
 
 def check_batched_shapes(fn):
@@ -300,3 +322,6 @@ def check_gradients_and_inputs(fn, full=True):
             return unpack(call_without(fn, (q, k, v), kwargs, **FORBIDDEN), ("output", "weights"))[0]
 
         assert_gradcheck(output_only, tuple(leaves), what="your output with respect to Q, K and V")
+
+
+wrap_checks(globals())  # student-facing failures: the student's own line first, their frames only

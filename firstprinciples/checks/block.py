@@ -23,7 +23,8 @@ from torch import nn
 
 from ..guard import call_without
 from ..reference import causal_mask, sinusoidal_encoding
-from ._core import Mistake, assert_gradcheck, assert_matches, fmt, unpack, with_diagnosis
+from ._student import wrap_checks
+from ._core import Mistake, assert_gradcheck, assert_matches, exact, fmt, unpack, with_diagnosis
 from .multihead import build, forbidden_in_forward, linear_layer, load_mha_weights, reference_mha, run_module
 
 TORCH_PATTERNS = (
@@ -544,7 +545,7 @@ def check_block_causal(cls):
             )
         above = torch.triu(w.detach(), diagonal=1).abs().max().item()
         assert above == 0.0, (
-            f"With the causal mask every weight above the diagonal must be exactly 0; yours reach {fmt(above)}. "
+            f"With the causal mask every weight above the diagonal must be exactly 0; yours reach {exact(above)}. "
             "Does the block pass the mask on to self.attn?"
         )
         # float32 sums of 16 weights are exact to about 1e-6.
@@ -623,3 +624,6 @@ __all__ = [
     "reference_block",
     "reference_ffn",
 ]
+
+
+wrap_checks(globals())  # student-facing failures: the student's own line first, their frames only

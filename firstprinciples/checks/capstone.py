@@ -50,6 +50,7 @@ from torch import nn
 from ..capstone.model import TinyGPT, generate_greedy
 from ..capstone.train import accuracy, held_out_loss
 from ..guard import ForbiddenCall, call_without
+from ._student import describe, wrap_checks
 from ._core import Mistake, assert_matches, close, fmt, tolerance
 from .block import TORCH_PATTERNS, block_parameter_count, load_block, random_block_parameters, reference_block
 from .multihead import build
@@ -563,7 +564,7 @@ def _loss(model, corpus):
     except ForbiddenCall:
         raise
     except Exception as err:
-        raise AssertionError(f"Your model failed on the held-out sentences: {type(err).__name__}: {err}") from None
+        raise AssertionError(f"Your model failed on the held-out sentences: it {describe(err)}") from None
 
 
 def check_trained(model, corpus, TransformerBlock):
@@ -595,7 +596,7 @@ def check_resolves_it(model, corpus, TransformerBlock):
     except ForbiddenCall:
         raise
     except Exception as err:
-        raise AssertionError(f"Your model failed on the held-out sentences: {type(err).__name__}: {err}") from None
+        raise AssertionError(f"Your model failed on the held-out sentences: it {describe(err)}") from None
     print(f"held-out accuracy of resolving 'it': {acc:.3f} (threshold {ACCURACY_THRESHOLD})")
     if acc < ACCURACY_THRESHOLD:
         raise AssertionError(
@@ -611,3 +612,6 @@ __all__ = [
     "load_parameters", "parameter_count", "LOSS_THRESHOLD", "LEAK_THRESHOLD", "ACCURACY_THRESHOLD",
     "TRAINED_LOGIT_TOL",
 ]
+
+
+wrap_checks(globals())  # student-facing failures: the student's own line first, their frames only

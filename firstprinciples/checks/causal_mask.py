@@ -32,7 +32,8 @@ import torch.nn.modules.transformer as _transformer
 from ..guard import ForbiddenCall, call_without
 from ..reference import causal_mask as reference
 from ..reference import scaled_dot_product_attention
-from ._core import Mistake, assert_matches, diagnose, expect_tensor, tolerance
+from ._student import wrap_checks
+from ._core import Mistake, assert_matches, diagnose, exact, expect_tensor, tolerance
 
 FORBIDDEN = dict(
     torch_patterns=("generate_square_subsequent_mask",),
@@ -378,7 +379,7 @@ def check_no_peeking(fn, full=True):
                 raise AssertionError(
                     f"With your mask, changing the tokens after position {t} changed the output at positions "
                     f"0..{t} (by up to {moved:.3g}) {label}: earlier positions can see the future "
-                    f"(the largest weight a position 0..{t} puts on a later one is {peek:.3g}; it must be exactly 0)."
+                    f"(the largest weight a position 0..{t} puts on a later one is {exact(peek)}; it must be exactly 0)."
                     + _diagnosis_lines(mask, T)
                 )
         # Nothing hidden that should be seen: the same attention as with the right mask.
@@ -388,3 +389,6 @@ def check_no_peeking(fn, full=True):
             context=label + " (against the right mask)",
         )
 
+
+
+wrap_checks(globals())  # student-facing failures: the student's own line first, their frames only

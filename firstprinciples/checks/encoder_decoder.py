@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from .. import examples
 from ..guard import call_without
 from ..reference import cross_attention as reference
+from ._student import describe, wrap_checks
 from ._core import Mistake, assert_gradcheck, assert_matches, call_answer, fmt, unpack, with_diagnosis
 
 FORBIDDEN = dict(
@@ -105,7 +106,7 @@ def _run(fn, x, context, W_q, W_k, W_v, mask=None):
         return call_answer(fn, (x, context, W_q, W_k, W_v), kwargs, names=("output", "weights"), forbidden=FORBIDDEN)
     except (RuntimeError, ValueError) as err:
         raise AssertionError(
-            f"Your function raised {type(err).__name__}: {err}\n"
+            f"Your function {describe(err)}\n"
             f"The inputs were {_label(x, context, W_q, W_k, W_v, mask)}. Queries come from x (x @ W_q), "
             "keys and values from context (context @ W_k, context @ W_v); the scores are (B, T_q, T_k), "
             "not square. Does your code mix up the two sequences, or add a causal mask that does not fit?"
@@ -346,3 +347,6 @@ def check_gradients_and_inputs(fn, full=True):
         return unpack(call_without(fn, inputs, **FORBIDDEN), ("output", "weights"))[0]
 
     assert_gradcheck(output_only, tuple(leaves), what="your output")
+
+
+wrap_checks(globals())  # student-facing failures: the student's own line first, their frames only

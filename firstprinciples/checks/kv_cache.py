@@ -56,6 +56,7 @@ from ..reference import KVCache as _RefCache
 from ..reference import MultiHeadAttention, causal_mask
 from ..reference import cached_attention_step as _ref_step
 from ..reference import generate as _ref_generate
+from ._student import describe, wrap_checks
 from ._core import Mistake, assert_matches, call_answer, close, fmt, tolerance
 
 _TORCH_ATTENTION = ("scaled_dot_product_attention", "multi_head_attention")
@@ -213,7 +214,7 @@ def _cache_run(cls, chunks, B, H, d_k, d_v, dtype, seed, guarded):
             except Exception as err:
                 held = sum(r[2] for r in record[-1:])
                 raise AssertionError(
-                    f"append raised {type(err).__name__}: {err}\n(appending keys of shape {tuple(k.shape)} to a "
+                    f"append {describe(err)}\n(appending keys of shape {tuple(k.shape)} to a "
                     f"cache that reported {held} positions). New positions go along the time axis, dim=-2."
                 ) from None
             n = call_without(len, (cache,), **CACHE_FORBIDDEN)
@@ -562,6 +563,25 @@ def _step_recomputes(x_new, cache, mha):
     return mha.W_o(_merge(out)), w
 
 
+def _heads_no_transpose(x, n_heads):
+    B, T, d = x.shape
+    return x.reshape(B, n_heads, T, d // n_heads)  # cuts the sequence, not each token, into heads
+
+
+def _step_split_no_transpose(x_new, cache, mha):
+    H = mha.n_heads
+    q, k, v = (_heads_no_transpose(W(x_new), H) for W in (mha.W_q, mha.W_k, mha.W_v))
+    T_new = x_new.shape[1]
+    K, V = cache.append(k, v)
+    mask = _offset_mask(T_new, K.shape[-2] - T_new, x_new.dtype) if T_new > 1 else None
+    out, w = _attend(q, K, V, mask)
+    return mha.W_o(_merge(out)), w
+
+
+SPLIT_HINT = ("split x_new's projections as (B, T_new, n_heads, d_k), then .transpose(1, 2): reshaping straight to "
+              "(B, n_heads, T_new, d_k) cuts the sequence of tokens into heads, not each token's features. With one "
+              "new token the two agree, so the bug only shows when several tokens arrive at once.")
+
 STEP_MISTAKES = (
     Mistake("cache not updated",
             "call cache.append(k, v) with the new keys and values and attend over the K, V it returns: "
@@ -585,6 +605,7 @@ STEP_MISTAKES = (
     Mistake("recomputing everything",
             "project only x_new: the keys and values of earlier tokens are already in the cache "
             "(they never change under a causal mask).", _step_recomputes),
+    Mistake("heads split without the transpose", SPLIT_HINT, _step_split_no_transpose),
 )
 
 
@@ -609,7 +630,8 @@ def _step_run(step, mha, x, chunks, guarded, cache_class=COURSE_CACHE):
             x_new = x[:, start : start + n]
             before = dict(counts)
             if guarded:
-                out, w = call_answer(step, (x_new, cache, mha), names=("output", "weights"), forbidden=STEP_FORBIDDEN)
+                out, w = call_answer(step, (x_new, cache, mha), names=("output", "weights"), forbidden=STEP_FORBIDDEN,
+                                     shapes=(tuple(x_new.shape), None))
             else:
                 out, w = step(x_new.clone(), cache, mha)
             run.outputs.append(out)
@@ -667,7 +689,7 @@ def _with_note(note):
     except Exception as err:  # the step raised (say, calling a method the course's cache lacks)
         if not note:
             raise
-        raise AssertionError(f"Your step raised {type(err).__name__}: {err}\n({note})") from err
+        raise AssertionError(f"Your step {describe(err)}\n({note})") from None
 
 
 def _check_steps(step, mha, x, chunks, *, cache_class=COURSE_CACHE, verbose=False):
@@ -775,6 +797,35 @@ def check_one_token_at_a_time(cached_attention_step, KVCache=None):
     cache_class = _announce(step_cache(cached_attention_step, KVCache))
     mha, x = _case(2, 6, 8, 2, torch.float64, 0)
     _check_steps(cached_attention_step, mha, x, [1] * 6, cache_class=cache_class, verbose=True)
+    with _with_note(cache_class.note):
+        _check_split_of_two(cached_attention_step, mha, x[:, :2], cache_class)
+
+
+def _check_split_of_two(step, mha, x2, cache_class):
+    """The keys and values one call appends for two new tokens: each token's features cut into heads.
+
+    One token at a time cannot tell a wrong split of x_new into heads from the right one
+    (with T_new = 1, (B, 1, H, d_k) and (B, H, 1, d_k) hold the same numbers in the same
+    order); two tokens in one call can. Only the cache is compared here, not the outputs
+    (which also need a mask within the call: that is the next test's subject)."""
+    cache = cache_class.new()
+    call_answer(step, (x2.clone(), cache, mha), names=("output", "weights"), forbidden=STEP_FORBIDDEN,
+                shapes=(tuple(x2.shape), None))
+    H = mha.n_heads
+    with torch.no_grad():
+        want_K, want_V = _heads(mha.W_k(x2), H), _heads(mha.W_v(x2), H)
+    where = "after one call with two new tokens, x_new of shape (2, 2, 8), 2 heads"
+    for name, got, want in (("cache.K", cache.K, want_K), ("cache.V", cache.V, want_V)):
+        try:
+            assert_matches(name, got, want, context=where)
+        except AssertionError as err:
+            with torch.no_grad():
+                wrong = _heads_no_transpose(mha.W_k(x2) if name == "cache.K" else mha.W_v(x2), H)
+            if isinstance(got, torch.Tensor) and close(got, wrong, *tolerance(wrong.dtype)):
+                raise AssertionError(
+                    f"{err}\nYour answer matches a typical mistake:\n  - heads split without the transpose: {SPLIT_HINT}"
+                ) from None
+            raise
 
 
 def check_prompt_then_tokens(cached_attention_step, KVCache=None, full=True):
@@ -972,3 +1023,6 @@ def check_generate(generate, full=True):
     ):
         for dtype in (torch.float32, torch.float64):
             _check_generate_case(generate, B, T_p, n_new, d_model, H, dtype, seed)
+
+
+wrap_checks(globals())  # student-facing failures: the student's own line first, their frames only

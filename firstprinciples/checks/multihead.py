@@ -27,7 +27,8 @@ from ..reference import causal_mask
 from ..reference import merge_heads as ref_merge_heads
 from ..reference import scaled_dot_product_attention as ref_attention
 from ..reference import split_heads as ref_split_heads
-from ._core import Mistake, assert_gradcheck, assert_matches, call_answer, fmt, unpack, with_diagnosis
+from ._student import wrap_checks
+from ._core import Mistake, assert_gradcheck, assert_matches, call_answer, exact, fmt, unpack, with_diagnosis
 
 TORCH_PATTERNS = ("multi_head_attention", "scaled_dot_product_attention", "MultiheadAttention")
 PIECES = ("split_heads", "merge_heads", "MultiHeadAttention", "scaled_dot_product_attention")
@@ -268,24 +269,11 @@ MHA_MISTAKES = (
 
 
 # ---------------------------------------------------------------- split and merge
-def _view_hint(err):
-    if "view" in str(err):
-        return (
-            "\nHint: .view() needs a tensor whose memory is laid out in order, which a transposed tensor is not. "
-            "Use .reshape(...) or call .contiguous() before .view(...)."
-        )
-    return ""
 
 
-def _call_with_hints(fn, args, kwargs=None, *, names, forbidden):
-    """``call_answer``, with a hint added when the answer fails on ``.view``."""
-    try:
-        return call_answer(fn, args, kwargs, names=names, forbidden=forbidden)
-    except RuntimeError as err:
-        hint = _view_hint(err)
-        if hint:
-            raise AssertionError(f"Your code raised: {err}{hint}") from None
-        raise
+def _call_with_hints(fn, args, kwargs=None, *, names, forbidden, shapes=None):
+    """``call_answer`` (an error of the answer names its line, see ``_student``)."""
+    return call_answer(fn, args, kwargs, names=names, forbidden=forbidden, shapes=shapes)
 
 
 def _run_piece(fn, args, forbidden):
@@ -448,10 +436,12 @@ def _mha_label(x, n_heads, mask_name=""):
 
 
 def run_module(module, x, mask, forbidden, names=("output", "weights")):
-    """Call the module on copies; fail if it changes its inputs or its own parameters."""
+    """Call the module on copies; fail if it changes its inputs or its own parameters, or
+    returns (weights, output) instead of (output, weights): the output has x's shape."""
     before = {k: v.clone() for k, v in module.state_dict().items()}
     kwargs = {} if mask is None else {"mask": mask}
-    outputs = _call_with_hints(module, (x,), kwargs, names=names, forbidden=forbidden)
+    shapes = (tuple(x.shape), None) if names == ("output", "weights") else None
+    outputs = _call_with_hints(module, (x,), kwargs, names=names, forbidden=forbidden, shapes=shapes)
     for k, v in module.state_dict().items():
         if k in before and not torch.equal(before[k], v):
             raise AssertionError(f"Calling the module changed its own parameter {k}: forward must not modify weights.")
@@ -562,7 +552,7 @@ def check_mha_causal(cls):
             above = torch.triu(w.detach(), diagonal=1).abs().max().item()
             assert above == 0.0, (
                 f"With the causal mask, every weight above the diagonal (a token looking at a later one) must be "
-                f"exactly 0; yours reach {fmt(above)}. Is the mask passed on to the attention of every head?"
+                f"exactly 0; yours reach {exact(above)}. Is the mask passed on to the attention of every head?"
             )
         assert_matches("weights", w, reference_mha(x, *mats, n_heads, mask)[1], context=label)
         assert_matches("output", out, reference_mha(x, *mats, n_heads, mask)[0], context=label)
@@ -635,3 +625,6 @@ __all__ = [
     "reference_mha",
     "split_example",
 ]
+
+
+wrap_checks(globals())  # student-facing failures: the student's own line first, their frames only

@@ -25,6 +25,7 @@ import torch
 from .. import examples
 from ..guard import call_without
 from ..reference import apply_rope as reference_rope, sinusoidal_encoding as reference_table
+from ._student import wrap_checks
 from ._core import Mistake, assert_gradcheck, assert_matches, call_answer, fmt, unpack, with_diagnosis
 
 FORBIDDEN_TABLE = dict(
@@ -595,3 +596,6 @@ def _gradients_case(fn, x):
         return unpack(call_without(fn, (t,), {}, **FORBIDDEN_ROPE), ("output",))[0]
 
     assert_gradcheck(output_only, (x.clone().requires_grad_(True),), what=f"your output with respect to x {label}")
+
+
+wrap_checks(globals())  # student-facing failures: the student's own line first, their frames only

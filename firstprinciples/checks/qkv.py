@@ -23,6 +23,7 @@ from .. import examples
 from ..guard import call_without
 from ..reference import dot_product_scores as reference_scores
 from ..reference import project_qkv as reference_project
+from ._student import wrap_checks
 from ._core import Mistake, assert_gradcheck, assert_matches, call_answer, unpack, with_diagnosis
 
 FORBIDDEN_PROJECT = dict(torch_patterns=(), pieces=("project_qkv",), what="the query, key and value projections")
@@ -433,3 +434,6 @@ def check_scores_gradients_and_inputs(fn, full=True):
         _run_scores(fn, Q, K)  # also checks that the inputs are untouched
         leaves = [Q.clone().requires_grad_(True), K.clone().requires_grad_(True)]
         _gradcheck(fn, leaves, ("Q", "K"), ("scores",), FORBIDDEN_SCORES, "the scores")
+
+
+wrap_checks(globals())  # student-facing failures: the student's own line first, their frames only

@@ -16,6 +16,7 @@ import torch
 
 from ..guard import call_without
 from ..reference import rnn_forward as reference
+from ._student import wrap_checks
 from ._core import Mistake, assert_gradcheck, assert_matches, call_answer, unpack, with_diagnosis
 
 FORBIDDEN = dict(
@@ -332,3 +333,6 @@ __all__ = [
     "torch_rnn",
     "worked_example",
 ]
+
+
+wrap_checks(globals())  # student-facing failures: the student's own line first, their frames only

@@ -28,7 +28,8 @@ import torch
 from .. import examples
 from ..guard import ForbiddenCall
 from ..reference import softmax as reference
-from ._core import Mistake, assert_matches, call_answer, fmt, with_diagnosis
+from ._student import describe, wrap_checks
+from ._core import Mistake, assert_matches, call_answer, exact, fmt, with_diagnosis
 
 FORBIDDEN = dict(
     torch_patterns=("softmax", "softmin"),
@@ -149,7 +150,7 @@ def _run(fn, x, dim=None):
             hint = " x.max(dim=...) returns (values, indices): use x.amax(dim=...) or x.max(dim=...).values."
         elif "unexpected keyword argument 'dim'" in text:
             hint = " The contract is softmax(x, dim=-1): the second argument must be called dim."
-        raise AssertionError(f"softmax {_label(x, dim)} raised {type(err).__name__}: {text}.{hint}") from err
+        raise AssertionError(f"softmax {_label(x, dim)} {describe(err)}{hint}") from None
 
 
 def _compare(fn, x, dim=None, *, label=""):
@@ -177,7 +178,7 @@ def _exact_at_minus_inf(got, x, dim, label):
         if bad.any():
             idx = tuple(int(i) for i in bad.nonzero()[0])
             raise AssertionError(
-                f"softmax(x){list(idx)} = {g[idx].item():.3g} {label} where x{list(idx)} = -inf; it must be exactly 0 "
+                f"softmax(x){list(idx)} = {exact(g[idx].item())} {label} where x{list(idx)} = -inf; it must be exactly 0 "
                 "(exp(-inf) = 0). If you replaced -inf by a finite number, exp() of it is not 0: "
                 "keep -inf as it is (subtracting a finite max leaves it -inf)."
             )
@@ -188,8 +189,10 @@ def _exact_at_minus_inf(got, x, dim, label):
         if bad.any():
             idx = tuple(int(i) for i in bad.nonzero()[0])
             raise AssertionError(
-                f"softmax(x){list(idx)} = {fmt(g[idx].item())} {label}, but x{list(idx)} is the only finite entry "
-                f"of its slice along dim={dim}: its weight must be exactly 1."
+                f"softmax(x){list(idx)} = {exact(g[idx].item())} {label}, but x{list(idx)} is the only finite entry "
+                f"of its slice along dim={dim}: its weight must be exactly 1 (yours is off by "
+                f"{exact(1 - g[idx].item())}). A small number added to the sum (an epsilon) moves it; "
+                "the max-subtracted sum is at least 1, so it never needs one."
             )
 
 
@@ -208,8 +211,9 @@ def check_worked_example(fn):
         raise AssertionError(f"softmax of a vector of 3 scores should have shape (3,), got {tuple(got.shape)}.")
 
     def check():
-        # The source rounded each step to three decimals (its 0.266 is 0.2666), so a
-        # correct answer is within 1e-3 of every printed figure; the exact check follows.
+        # The book prints each weight rounded to three decimals (0.2666 is printed
+        # 0.267), so a correct answer is within 1e-3 of every printed figure; the
+        # exact check follows.
         for j, tok in enumerate(examples.TOKENS):
             value, printed = got[j].item(), examples.WEIGHTS[j]
             assert abs(value - printed) <= 1e-3, (
@@ -379,3 +383,6 @@ def check_gradients_and_inputs(fn, full=True):
         leaf_t = x.clone().requires_grad_(True)
         (want,) = torch.autograd.grad((torch.softmax(leaf_t, dim=dim) * u).sum(), leaf_t)
         assert_matches("the gradient with respect to x", grad, want, context=label + " (against torch.softmax's)")
+
+
+wrap_checks(globals())  # student-facing failures: the student's own line first, their frames only

@@ -13,16 +13,46 @@ that cannot be read.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
-import nbformat
-from nbgrader import utils
-
-from .execute import RobustExecute
-
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+CELL = re.compile(r"cell In\[(\d+)\]")
+
+
+def _cells_by_count(nb) -> dict:
+    """Execution count -> how the student finds that cell in their notebook."""
+    names, position = {}, 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        position += 1
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if cell.get("execution_count") is not None:
+            first = next((ln.strip() for ln in cell.source.splitlines() if ln.strip()), "")
+            what = f"your `{gid}` cell" if gid and cell.metadata.nbgrader.get("solution") else (
+                f"the cell starting `{first[:40]}`" if first else "an empty cell")
+            names[cell.execution_count] = f"{what}, code cell {position} of the notebook"
+    return names
+
+
+def _kernel_config():
+    """The kernel's sockets as Unix sockets in a private folder (POSIX): no TCP port, so no
+    "running over TCP without encryption" warning. Windows keeps TCP (no Unix sockets for
+    zmq there) and the kernel's log level is raised past that one warning."""
+    from traitlets.config import Config
+
+    config = Config()
+    if os.name == "posix":
+        folder = tempfile.mkdtemp(prefix="fp-check-")
+        config.KernelManager.transport = "ipc"
+        config.KernelManager.ip = os.path.join(folder, "kernel")
+        return config, folder, []
+    return config, None, ["--IPKernelApp.log_level=ERROR"]
 
 
 def _reason(cell) -> str:
@@ -36,7 +66,27 @@ def _reason(cell) -> str:
     return "\n".join(ANSI.sub("", f"{o.get('ename', 'Error')}: {o.get('evalue', '')}").strip() for o in errors[:2])
 
 
+def _prestart() -> None:
+    """Start what takes longest first, so that it overlaps with this command's own imports: the
+    template that the kernel and the re-check are forked from (``warm``) imports torch once."""
+    from . import warm
+
+    if warm.available():
+        try:
+            warm.Template.get(False)
+        except OSError:
+            pass  # (the kernel then starts cold)
+    # jsonschema (imported by nbformat) compiles 38 grammars of rfc3987-syntax, when that is
+    # installed (jupyterlab brings it), for URI formats that notebooks never use: 2 s of a check.
+    sys.modules.setdefault("rfc3987_syntax", None)
+
+
 def check(path: Path, timeout: int = 120) -> int:
+    import nbformat
+    from nbgrader import utils
+
+    from .execute import RobustExecute
+
     try:
         nb = nbformat.read(path, as_version=4)
     except FileNotFoundError:
@@ -56,7 +106,14 @@ def check(path: Path, timeout: int = 120) -> int:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     print(f"Running {path} in a fresh kernel...", flush=True)
-    RobustExecute(timeout=timeout).preprocess(nb, {"metadata": {"path": str(path.parent.resolve())}})
+    config, folder, extra = _kernel_config()
+    try:
+        RobustExecute(timeout=timeout, config=config, extra_arguments=extra).preprocess(
+            nb, {"metadata": {"path": str(path.parent.resolve())}})
+    finally:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+    cells = _cells_by_count(nb)
     total = earned = 0.0
     width = max(len(c.metadata.nbgrader["grade_id"]) for c in graded)
     for cell in graded:
@@ -71,8 +128,9 @@ def check(path: Path, timeout: int = 120) -> int:
         status = "pass" if score == points else "FAIL"
         line = f"  {status}  {gid:<{width}}  {score:g}/{points:g}"
         if score < points:
-            reason = _reason(cell).splitlines()
-            line += "\n        " + "\n        ".join(reason[:8])
+            reason = CELL.sub(lambda m: f"{m.group(0)} ({cells[int(m.group(1))]})" if int(m.group(1)) in cells
+                              else m.group(0), _reason(cell)).splitlines()
+            line += "\n        " + "\n        ".join(reason[:12])
         print(line)
     print(f"Visible score: {earned:g}/{total:g}. The grader adds hidden tests to some of these cells.")
     return 0 if earned == total and not changed else 1
@@ -83,7 +141,15 @@ def main(argv=None) -> int:
     parser.add_argument("notebook", type=Path)
     parser.add_argument("--timeout", type=int, default=120, help="seconds per cell (the grader's default: 120)")
     args = parser.parse_args(argv)
-    return check(args.notebook, args.timeout)
+    _prestart()
+    try:
+        return check(args.notebook, args.timeout)
+    except KeyboardInterrupt:
+        print("Interrupted.", file=sys.stderr)
+        return 130
+    except Exception as err:  # the kernel could not start, ...: one line, not the machinery's traceback
+        print(f"The check could not run {args.notebook}: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -62,12 +62,22 @@ def exact_zeros_and_ones(case, got, want):
     for value in (0.0, 1.0):
         where = ref == value
         if not np.array_equal(out[where], ref[where]):
-            return f"a weight that must be exactly {value:g} is {out[where][out[where] != value][0]!r}"
+            return f"a weight that must be exactly {value:g} is {float(out[where][out[where] != value][0])!r}"
     return None
 
 
+def float64_sums_to_one(case, got, want):
+    """As the worked-example test: in float64 each slice sums to 1 within 1e-12 (a correct
+    softmax is within a few 1e-16; an epsilon added "to be safe" is not)."""
+    out = arrays(got)["output"]
+    if out.dtype != np.float64 or not out.size:
+        return None
+    worst = float(np.abs(out.sum(case["dim"]) - 1).max())
+    return None if worst <= 1e-12 else f"a slice sums to 1 {'+-'} {worst!r}, not 1 (within 1e-12 in float64)"
+
+
 SOFTMAX_CELLS = {
-    "test_worked_example": aspect("small"),
+    "test_worked_example": aspect("small", also=float64_sums_to_one),
     "test_large_inputs": aspect("large"),
     "test_minus_inf": aspect("inf", also=exact_zeros_and_ones),
     "test_dims": aspect("dims"),

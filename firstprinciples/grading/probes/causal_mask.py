@@ -64,7 +64,7 @@ def exactly(case, got, want):
     g, w = arrays(got)["mask"], arrays(want)["mask"]
     if not np.array_equal(g, w):
         i, j = (int(v) for v in np.argwhere(g != w)[0])
-        return f"mask[{i}, {j}] is {g[i, j]!r}, expected exactly {w[i, j]!r}"
+        return f"mask[{i}, {j}] is {float(g[i, j])!r}, expected exactly {float(w[i, j])!r}"
     return None
 
 
