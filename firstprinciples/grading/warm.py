@@ -57,7 +57,8 @@ import time
 COLD_ENV = "FP_GRADING_COLD"
 # What the template imports once: what every kernel and every re-check imports anyway.
 # (Not matplotlib: its backend is chosen at import time, and a kernel sets it first.)
-PRELOAD = ("torch", "numpy", "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel", "firstprinciples.checks",
+PRELOAD = ("torch", "numpy", "numpy.random", "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel",
+           "ipykernel.debugger", "tornado.queues", "tornado.locks", "firstprinciples.checks",
            "firstprinciples.reference", "firstprinciples.grading.recheck")
 HOLD = ["/bin/sh", "-c", "echo ready; exec cat >/dev/null"]  # the sandbox's placeholder
 READY_TIMEOUT = 60  # seconds for a sandbox to be set up (normally milliseconds)
@@ -103,7 +104,8 @@ class Template:
         # The template's environment is the sandbox's own, so that whatever torch reads from
         # the environment at import is what a cold sandboxed kernel would read.
         env = sandbox_env() if sandboxed else dict(os.environ)
-        env.update({"PATH": os.environ.get("PATH", os.defpath), "FP_WARM_SOCKET": str(theirs.fileno())})
+        env.update({"PATH": os.environ.get("PATH", os.defpath), "FP_WARM_SOCKET": str(theirs.fileno()),
+                    "PYDEVD_DISABLE_FILE_VALIDATION": "1"})  # (the debugger's banner, printed at its import)
         if sandboxed:
             env.pop("FP_SANDBOXED", None)  # the template itself is not in a sandbox
         libc = _libc()
@@ -610,9 +612,14 @@ def main() -> None:
 
     for name in PRELOAD:
         importlib.import_module(name)
-    from . import probes
+    from . import observe, probes
 
-    probes.load()
+    # What the re-check does first in every runner, done once here: the probes' registry, the
+    # code each piece may not call, and a first snapshot (it loads torch's lazy submodules).
+    for probe in probes.load().values():
+        watch = probe.watch()
+        observe.forbidden_python(watch["torch_patterns"], watch["pieces"])
+    observe.snapshot()
     _serve(sock)
 
 
