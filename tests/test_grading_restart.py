@@ -228,7 +228,8 @@ async def main():
     kc = km.client()
     kc.start_channels()
     await kc.wait_for_ready(timeout=120)
-    print("ready", flush=True)
+    proc = km.provisioner.process  # a warm kernel's process is forked from the template, inside the sandbox
+    print("ready", getattr(proc, "pid_inside", proc.pid), flush=True)
     await asyncio.sleep(3600)
 
 asyncio.run(main())
@@ -244,20 +245,33 @@ def test_an_idle_sandboxed_kernel_dies_with_its_grader(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     holder = subprocess.Popen([sys.executable, "-c", KERNEL_HOLDER, str(sockets)], stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+    kernel_pid = None
     try:
-        assert any(line.strip() == "ready" for line in holder.stdout), "the kernel did not start"
-        kernel = [line for line in _processes_naming(tmp_path) if "ipykernel" in line]
-        assert kernel, f"no sandboxed kernel found among {_processes_naming(tmp_path)}"
+        ready = next((line.split() for line in holder.stdout if line.startswith("ready")), None)
+        assert ready, "the kernel did not start"
+        kernel_pid = int(ready[1])
+        assert _alive(kernel_pid), "the kernel's process is not running"
+        assert _processes_naming(tmp_path), "no sandbox found for the kernel"
     finally:
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()
     deadline = time.monotonic() + 30
-    while _processes_naming(tmp_path) and time.monotonic() < deadline:
+    while (_processes_naming(tmp_path) or _alive(kernel_pid)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = _processes_naming(tmp_path)
+    left = _processes_naming(tmp_path) + ([f"{kernel_pid} (the kernel)"] if _alive(kernel_pid) else [])
     for line in left:  # do not leave them behind even when the test fails
         os.kill(int(line.split()[0]), signal.SIGKILL)
     assert left == []
+
+
+def _alive(pid) -> bool:
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _processes_naming(folder):
