@@ -141,6 +141,9 @@ def test_nothing_of_a_warm_kernel_outlives_its_shutdown():
         proc = k.km.provisioner.process
         await k.run("import subprocess, os\nfor _ in range(3):\n    subprocess.Popen(['sleep', '1000'], "
                     "start_new_session=True)\nif os.fork() == 0:\n    os.setsid()\n    os.execvp('sleep', ['sleep', '1000'])")
+        deadline = time.monotonic() + 10  # (the double-forked one execs sleep after the cell has returned)
+        while len(set(_sleepers()) - before) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         assert len(set(_sleepers()) - before) == 4
         await k.stop()
         return proc
@@ -234,3 +237,24 @@ def test_a_warm_recheck_gives_the_cold_verdicts(answer, passes):
     assert cold_flags == hot_flags
     failed, _flagged = trusted.apply(copy.deepcopy(nb), plan, hot)
     assert bool(failed) != passes, failed
+
+
+@needs_linux
+def test_a_dead_template_is_replaced(tmp_path):
+    """A template killed between two kernels (the OOM killer, a stray signal) costs nothing:
+    the next kernel gets a new template, warm."""
+    async def main():
+        k = await Kernel("python3").start()
+        await k.stop()
+        first = warm.Template.get(False)
+        first.proc.kill()
+        first.proc.wait()
+        k = await Kernel("python3").start()
+        kind = type(k.km.provisioner.process).__name__
+        out = await k.run("print(6 * 7)")
+        await k.stop()
+        return first, kind, out
+
+    first, kind, out = asyncio.run(main())
+    assert kind == "WarmProcess" and out == "42"
+    assert warm.Template.get(False) is not first

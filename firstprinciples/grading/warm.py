@@ -128,13 +128,15 @@ class Template:
             try:
                 socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
                 ready, _, _ = select.select([self.sock], [], [], timeout)
-                if not ready:
-                    raise WarmError(f"the template did not answer within {timeout:g} s")
-                data = self.sock.recv(1 << 16)
+                data = self.sock.recv(1 << 16) if ready else None
             except OSError as e:
-                raise WarmError(f"the template is gone ({e})") from None
-        if not data:
-            raise WarmError("the template is gone")
+                data, why = None, f"the template is gone ({e})"
+            else:
+                why = "the template is gone" if ready else f"the template did not answer within {timeout:g} s"
+            if not data:
+                # (a late answer would be taken for the next request's: this template is done)
+                self.close()
+                raise WarmError(why)
         reply = json.loads(data)
         if "error" in reply:
             raise WarmError(reply["error"])
@@ -147,6 +149,9 @@ class Template:
             if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait()
+            for key, t in list(Template._current.items()):
+                if t is self:
+                    del Template._current[key]
 
 
 class WarmProcess:
