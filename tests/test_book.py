@@ -7,39 +7,21 @@ with the execution cache shared with the README's build (`_build/.jupyter_cache`
 """
 import html as html_lib
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-import yaml
 
+from bookbuild import browser_on, built_book, toc_files
 from course import ROOT, released_notebooks
 
-# The jupyter-book script installed beside this Python (the package has no __main__).
-_SCRIPT = Path(sys.executable).parent / "jupyter-book"
-JUPYTER_BOOK = str(_SCRIPT) if _SCRIPT.exists() else shutil.which("jupyter-book")
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 
 
 @pytest.fixture(scope="module")
 def html(tmp_path_factory):
-    out = tmp_path_factory.mktemp("book")
-    proc = subprocess.run(
-        [JUPYTER_BOOK, "build", ".", "-W", "-n", "--keep-going", "--path-output", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1800,
-    )
-    assert proc.returncode == 0, f"book build failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-8000:]}"
-    return out / "_build" / "html"
-
-
-def toc_files():
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    return [toc["root"]] + [ch["file"] for part in toc["parts"] for ch in part["chapters"]]
+    return built_book(tmp_path_factory)
 
 
 def chapter_files():
@@ -163,40 +145,10 @@ def test_html_loads_nothing_from_another_host(html):
 
 
 # ---------------------------------------------------------------- in a real browser
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
 @pytest.fixture(scope="module")
 def browser(html):
-    if not CHROMIUM:
-        msg = "Debian's chromium is not installed (.ci/run installs it: apt-get install chromium)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    import http.server
-    import threading
-    from functools import partial
-
-    from playwright.sync_api import sync_playwright
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    handler = partial(Quiet, directory=str(html))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    with sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-        )
-        try:
-            yield b, f"http://127.0.0.1:{server.server_port}"
-        finally:
-            b.close()
-            server.shutdown()
+    with browser_on(html) as b:
+        yield b
 
 
 def _open(browser, path):

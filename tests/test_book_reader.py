@@ -13,29 +13,16 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
+from bookbuild import browser_on, built_book, toc_files
 from course import ROOT
 from firstprinciples import examples
 
-_SCRIPT = Path(sys.executable).parent / "jupyter-book"
-JUPYTER_BOOK = str(_SCRIPT) if _SCRIPT.exists() else shutil.which("jupyter-book")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 WIDTHS = (1280, 390)
 MIN_FONT_PX = {390: 9.0, 1280: 12.0}  # smallest text of a figure, as shown on screen
-
-
-def toc_files():
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    return [toc["root"]] + [ch["file"] for part in toc["parts"] for ch in part["chapters"]]
 
 
 CHAPTERS = [f for f in toc_files() if f.startswith("chapters/")]
@@ -44,41 +31,13 @@ PAGES = toc_files()
 
 @pytest.fixture(scope="module")
 def html(tmp_path_factory):
-    out = tmp_path_factory.mktemp("book")
-    proc = subprocess.run(
-        [JUPYTER_BOOK, "build", ".", "-W", "-n", "--keep-going", "--path-output", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1800,
-    )
-    assert proc.returncode == 0, f"book build failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-8000:]}"
-    return out / "_build" / "html"
+    return built_book(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def browser(html):
-    if not CHROMIUM:
-        msg = "Debian's chromium is not installed (.ci/run installs it: apt-get install chromium)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    import http.server
-    import threading
-    from functools import partial
-
-    from playwright.sync_api import sync_playwright
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(html)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b, f"http://127.0.0.1:{server.server_port}"
-        finally:
-            b.close()
-            server.shutdown()
+    with browser_on(html) as b:
+        yield b
 
 
 def _open(browser, path, width=1280):
