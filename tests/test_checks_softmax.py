@@ -43,7 +43,20 @@ def minus_inf_as_minus_1e9(x, dim=-1):
     return e / e.sum(dim=dim, keepdim=True)
 
 
-CORRECT = {"reference": correct, "logsumexp": via_logsumexp, "-inf as -1e9": minus_inf_as_minus_1e9}
+def hand_logsumexp(x, dim=-1):
+    # the log-sum-exp written out: x - (m + log(sum(exp(x - m)))), then exp
+    m = x.amax(dim=dim, keepdim=True)
+    return torch.exp(x - (m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))))
+
+
+def log_softmax_then_exp(x, dim=-1):
+    # a log-softmax (z - log(sum(exp(z))) with z = x - max), then exp
+    z = x - x.amax(dim=dim, keepdim=True)
+    return (z - z.exp().sum(dim=dim, keepdim=True).log()).exp()
+
+
+CORRECT = {"reference": correct, "logsumexp": via_logsumexp, "-inf as -1e9": minus_inf_as_minus_1e9,
+           "hand-written log-sum-exp": hand_logsumexp, "log-softmax then exp": log_softmax_then_exp}
 
 
 def calls_torch_softmax(x, dim=-1):

@@ -42,3 +42,25 @@ def test_the_solution_passes_on_every_seed(path):
         assert verdicts, "no test cell was re-checked"
         failures.update({(seed, cell): why for cell, why in verdicts.items() if why})
     assert not failures, "\n".join(f"seed {s}, {cell}: {why}" for (s, cell), why in sorted(failures.items())[:5])
+
+
+def _correct_answers():
+    import test_checks_attention as A
+    import test_checks_softmax as S
+
+    out = [("softmax/softmax.ipynb", "softmax", name, fn) for name, fn in S.CORRECT.items()]
+    out += [("attention/scaled_dot_product_attention.ipynb", "scaled_dot_product_attention", name, fn)
+            for name, fn in A.CORRECT.items()]
+    return out
+
+
+@pytest.mark.parametrize("notebook, piece, name, answer", _correct_answers(), ids=lambda v: v if isinstance(v, str) else "")
+def test_correct_answers_pass_on_every_seed(notebook, piece, name, answer):
+    from course import SOLUTIONS
+
+    nb = nbformat.read(SOLUTIONS / notebook, as_version=4)
+    failures = {}
+    for seed in SEEDS:
+        verdicts = trusted.local_verdicts(nb, {piece: answer}, seed)
+        failures.update({(seed, cell): why for cell, why in verdicts.items() if why})
+    assert not failures, f"{name}: " + "\n".join(f"seed {s}, {cell}: {why}" for (s, cell), why in sorted(failures.items())[:5])

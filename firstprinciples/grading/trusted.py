@@ -517,10 +517,14 @@ def judge_case(check: Check, aspect: probes.Aspect, enc: dict, got: dict, want: 
         return check.probe.judge(probes.decode_case(enc), got)
     if set(got) != set(want):
         return f"it returned {', '.join(sorted(got)) or 'nothing'}, expected {', '.join(sorted(want))}"
+    case = probes.decode_case(enc) if check.probe.case_tolerance is not None else None
     for key in want:
         # an input after the call is always compared exactly: no test lets an answer change its inputs
         values = aspect.mode == "values" or key.endswith(" after the call")
-        reason = compare(got[key], want[key], key, check.probe.tolerance, values=values)
+        tolerance = check.probe.tolerance
+        if case is not None:
+            tolerance = {**tolerance, **(check.probe.case_tolerance(case, key) or {})}
+        reason = compare(got[key], want[key], key, tolerance, values=values)
         if reason:
             return reason
     if aspect.also is not None:  # a property of the results

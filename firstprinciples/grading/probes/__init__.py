@@ -81,6 +81,9 @@ class Probe:
     forbidden: dict = field(default_factory=dict)
     judge: Callable | None = None
     tolerance: dict = field(default_factory=dict)  # dtype name -> (atol, rtol), overrides the default
+    # (case, result name) -> {dtype name: (atol, rtol)} or None: a tolerance that depends on
+    # the case's inputs (softmax: the rounding of x - logsumexp(x) grows with max|x|)
+    case_tolerance: Callable | None = None
     cells: dict = field(default_factory=dict)  # test cell grade_id -> Aspect
     needs: tuple = ()  # names of other notebook objects run(obj, case, namespace) looks up in namespace
 

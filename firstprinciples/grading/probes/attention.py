@@ -9,6 +9,7 @@ import numpy as np
 
 from ...checks import attention as attention_checks
 from ...checks import softmax as softmax_checks
+from ...checks._core import tolerance
 from ...reference import scaled_dot_product_attention, softmax
 from . import Probe, arrays, aspect, call_runner, honest_gradients, normal, register, with_directions
 
@@ -156,9 +157,26 @@ ATTENTION_CELLS = {
     "test_gradients_and_inputs": aspect("grad", mode="structure", also=honest_gradients),
 }
 
+def softmax_tolerance(case, key):
+    """As the checks (``softmax_checks.rounding_slack``): a correct softmax may round
+    x - logsumexp(x) to a unit of max|x|, so the weights get that much more rtol and the
+    gradient that much times max|grad_out| more atol."""
+    import torch
+
+    if key != "output" and not key.startswith("grad_"):
+        return None
+    x = torch.as_tensor(case["x"])  # a tensor when decoded, an array when drawn
+    atol, rtol = tolerance(x.dtype)
+    slack = softmax_checks.rounding_slack(x)
+    dtype = str(x.dtype).removeprefix("torch.")  # the results' dtype name, as the wire spells it
+    if key == "output":
+        return {dtype: (atol, rtol + slack)}
+    return {dtype: (atol + slack * float(torch.as_tensor(case["grad_out"]).abs().max()), rtol)}
+
+
 register(
     Probe("softmax", softmax_cases, call_runner(("x",), ("dim",), grad=("x",)), reference=softmax,
-          forbidden=softmax_checks.FORBIDDEN, cells=SOFTMAX_CELLS),
+          forbidden=softmax_checks.FORBIDDEN, cells=SOFTMAX_CELLS, case_tolerance=softmax_tolerance),
     Probe("scaled_dot_product_attention", attention_cases,
           call_runner(("Q", "K", "V"), ("mask",), outputs=("output", "weights"), grad=("Q", "K", "V")),
           reference=scaled_dot_product_attention, forbidden=attention_checks.FORBIDDEN, cells=ATTENTION_CELLS),
