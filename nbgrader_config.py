@@ -104,3 +104,31 @@ if shutil.which("bwrap") and not os.environ.get("FP_GRADING_UNSANDBOXED"):
 else:
     print("nbgrader_config.py: WARNING: grading WITHOUT the sandbox "
           "(bubblewrap missing or FP_GRADING_UNSANDBOXED set)", file=sys.stderr)
+
+# ---- exchange and formgrader (firstprinciples.grading.exchange / .formgrader) ----
+# `nbgrader release_feedback` releases the feedback of every submission that came through
+# the exchange and names the others (collected by hand or by zip_collect: no
+# submission_secret.txt), instead of aborting for the whole class at the first of them.
+c.ExchangeFactory.release_feedback = "firstprinciples.grading.exchange.TolerantReleaseFeedback"
+# c.Exchange.root = "/srv/nbgrader/exchange"  # nbgrader's default exchange folder
+# Formgrader's autograde button grades in a subprocess (the same `nbgrader autograde` as on the
+# command line) while the Jupyter server keeps answering, and its dialog shows the score and the
+# notes. Only when the formgrader loads this file: the command line does not import the server.
+if "nbgrader.server_extensions.formgrader.apihandlers" in sys.modules:
+    import firstprinciples.grading.formgrader
+    firstprinciples.grading.formgrader.install()
+
+# ---- feedback (firstprinciples.grading.feedback) ----
+# `nbgrader generate_feedback` writes pages a student can read: test cells named with their
+# points, the reason of a failure first and wrapped, tracebacks cut to the student's own frames,
+# the hidden tests' source removed (their results kept), the grader's notes on that notebook
+# at the top, and math as MathML (no MathJax, no CDN, no script).
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
+from nbgrader.preprocessors import GetGrades  # noqa: E402
+
+from firstprinciples.grading.feedback import FeedbackExporter, StudentFeedback  # noqa: E402
+
+c.GenerateFeedback.exporter_class = FeedbackExporter
+c.GenerateFeedback.preprocessors = [GetGrades, StudentFeedback, CSSHTMLHeaderPreprocessor]
+# c.StudentFeedback.show_flags = True  # also show students the notes "FLAGGED for an instructor"
+# ---- end feedback ----

@@ -56,6 +56,7 @@ from nbgrader.coursedir import CourseDirectory
 from nbgrader.plugins.export import CsvExportPlugin
 from nbgrader.preprocessors import NbGraderPreprocessor
 
+from .exchange import NBGRADER_FILES
 from .parallel import MARKER
 
 NOTES_DIRECTORY = "grading_notes"
@@ -269,7 +270,8 @@ class TolerantNotebookExporter(NotebookExporter):
             add_note(self.log, resources, f"graded '{os.path.basename(actual)}' (the only notebook "
                                           f"submitted) as '{info['notebook']}.ipynb'")
         folder = os.path.dirname(filename)
-        extra = sorted(f for f in os.listdir(folder) if not f.endswith(".ipynb") and f != "timestamp.txt"
+        # nbgrader's own files (timestamp.txt, submission_secret.txt: see .exchange) are not the student's
+        extra = sorted(f for f in os.listdir(folder) if not f.endswith(".ipynb") and f not in NBGRADER_FILES
                        and not any(fnmatch.fnmatch(f, p) for p in cd.ignore)) if os.path.isdir(folder) else []
         if extra:
             add_note(self.log, resources, "extra files beside the notebook (the sandboxed kernel does not see them): "

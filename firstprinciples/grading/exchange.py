@@ -1,0 +1,103 @@
+"""The exchange, for a class whose submissions come by several paths.
+
+Submissions reach ``submitted/<student>/<assignment>/`` by hand, by
+``nbgrader zip_collect`` or through the exchange (``nbgrader collect``). Only
+the exchange leaves the two files that ``nbgrader release_feedback`` reads
+(``NBGRADER_FILES``): ``nbgrader submit`` writes ``timestamp.txt`` and
+``submission_secret.txt`` into the submission
+(``nbgrader/exchange/default/submit.py``, ``ExchangeSubmit.copy_files``),
+``zip_collect`` writes ``timestamp.txt`` when the file name carries a time
+(``nbgrader/apps/zipcollectapp.py``, ``ZipCollectApp.transfer_files``), and
+``autograde`` then ``generate_feedback`` copy both into
+``feedback/<student>/<assignment>/``.
+
+Stock nbgrader 0.9.6 opens both files unconditionally for every feedback file
+(``nbgrader/exchange/default/release_feedback.py``,
+``ExchangeReleaseFeedback.copy_files``: ``open(... 'timestamp.txt')`` and
+``open(... "submission_secret.txt")``), so one submission collected by hand
+raises ``FileNotFoundError`` and aborts the release for the whole class
+(``ReleaseFeedbackApp.start`` only catches ``ExchangeError``), the students after
+it in glob order included.
+
+``TolerantReleaseFeedback`` (``c.ExchangeFactory.release_feedback`` in
+``nbgrader_config.py``) releases the feedback of every submission that came
+through the exchange, and names the others: without the secret, the name
+under which ``nbgrader fetch_feedback`` looks for the file cannot be computed
+(``notebook_hash(secret=..., notebook_id=...)``), so their feedback stays in
+``feedback/<student>/<assignment>/`` to be handed out another way. A missing
+``timestamp.txt`` beside a secret costs nothing (nbgrader only logs it).
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+
+from nbgrader.exchange.default.release_feedback import ExchangeReleaseFeedback
+from nbgrader.utils import notebook_hash
+
+# Files nbgrader itself writes into a submission folder (see above); they are not
+# the student's, and the sanitizer does not note them as extra files.
+TIMESTAMP_FILE = "timestamp.txt"
+SECRET_FILE = "submission_secret.txt"
+NBGRADER_FILES = (TIMESTAMP_FILE, SECRET_FILE)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+class TolerantReleaseFeedback(ExchangeReleaseFeedback):
+    """``nbgrader release_feedback`` that releases what it can and names the rest.
+
+    Same files, same names and the same atomic copy as nbgrader's
+    ``ExchangeReleaseFeedback.copy_files``; a submission without
+    ``submission_secret.txt`` (not submitted through the exchange) is skipped with
+    a warning naming the student, and one line at the end counts both groups.
+    """
+
+    def copy_files(self):
+        exclude = set(self.coursedir.student_id_exclude.split(",")) if self.coursedir.student_id_exclude else set()
+        regexp = re.escape(os.path.sep).join([
+            self.coursedir.format_path(self.coursedir.feedback_directory, "(?P<student_id>.*)",
+                                       self.coursedir.assignment_id, escape=True),
+            "(?P<notebook_id>.*).html",
+        ])
+        released, not_exchanged = set(), set()
+        for html_file in sorted(glob.glob(os.path.join(self.src_path, "*.html"))):
+            m = re.match(regexp, html_file)
+            if m is None:
+                self.log.error("Could not match '%s' with regexp '%s'", html_file, regexp)
+                continue
+            student_id, notebook_id = m.group("student_id"), m.group("notebook_id")
+            if student_id in exclude:
+                self.log.debug("Skipping student '%s'", student_id)
+                continue
+            feedback_dir = os.path.dirname(html_file)
+            secret = _read(os.path.join(feedback_dir, SECRET_FILE))
+            if secret is None:
+                not_exchanged.add(student_id)
+                self.log.warning(
+                    "Not releasing feedback for student '%s' on '%s/%s' through the exchange: the submission "
+                    "did not come through it (no %s; collected by hand or by zip_collect). The feedback is in %s",
+                    student_id, self.coursedir.assignment_id, notebook_id, SECRET_FILE, html_file)
+                continue
+            timestamp = (_read(os.path.join(feedback_dir, TIMESTAMP_FILE)) or "no timestamp").strip()
+            checksum = notebook_hash(secret=secret, notebook_id=notebook_id)
+            tmp = os.path.join(self.dest_path, f"{checksum}-tmp.html")
+            self.log.info("Releasing feedback for student '%s' on assignment '%s/%s/%s' (%s)", student_id,
+                          self.coursedir.course_id, self.coursedir.assignment_id, notebook_id, timestamp)
+            shutil.copy(html_file, tmp)
+            shutil.move(tmp, os.path.join(self.dest_path, f"{checksum}.html"))
+            released.add(student_id)
+        line = f"Released feedback on '{self.coursedir.assignment_id}' for {len(released)} student(s)"
+        if not_exchanged:
+            self.log.warning("%s; not through the exchange (hand them their feedback folder): %s",
+                             line, ", ".join(sorted(not_exchanged)))
+        else:
+            self.log.info(line)

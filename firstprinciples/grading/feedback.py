@@ -1,0 +1,308 @@
+"""Feedback a student can read, made by nbgrader's own ``nbgrader generate_feedback``.
+
+Stock nbgrader 0.9.6 writes ``feedback/<student>/<assignment>/<notebook>.html``
+with its ``feedback`` template: test cells listed as unnamed "Test cell" links,
+tracebacks through the checks' internals, the hidden tests' source printed,
+the reason of a failure on one unwrapped line, and MathJax loaded from a CDN
+(raw LaTeX without internet). Wired in ``nbgrader_config.py``:
+
+- ``StudentFeedback`` (in ``GenerateFeedback.preprocessors``, after nbgrader's
+  ``GetGrades``): removes every ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN
+  TESTS`` block from the cells and from the tracebacks (their results stay);
+  cuts each traceback to the student's own frames (no frame of the course
+  package, the standard library or an installed package; a test cell's frame
+  keeps only the line that failed); and hands the template the grader's notes
+  for this student and notebook (``sanitize.notes_path``, what was repaired).
+- ``FeedbackExporter`` (``GenerateFeedback.exporter_class``): nbgrader's HTML
+  exporter with the course's ``templates/feedback`` template (found before
+  nbgrader's template of the same name, so formgrader's "generate feedback"
+  button uses it too) and LaTeX in markdown rendered to MathML at feedback time
+  (``latex2mathml``): no script at all, nothing fetched.
+
+The page: the notebook's score, the notes ("your notebook was repaired before
+grading: ..."), a table of the tests by name (grade_id) with their points and
+the first line of each failure's reason; then the notebook, each test cell
+headed by its name and points, the reason first (wrapped), the test's source
+and the student's frames folded below it.
+"""
+from __future__ import annotations
+
+import html
+import os
+import re
+import sysconfig
+
+from jinja2 import pass_context
+from latex2mathml.converter import convert as _latex_to_mathml
+from nbconvert.exporters import HTMLExporter
+from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
+from nbgrader.preprocessors import NbGraderPreprocessor
+from traitlets import Bool, default, validate
+
+from .sanitize import _coursedir, notes_path
+
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # firstprinciples/
+
+BEGIN_HIDDEN = "### BEGIN HIDDEN TESTS"
+END_HIDDEN = "### END HIDDEN TESTS"
+HIDDEN_PLACEHOLDER = "# (hidden tests: the grader ran more checks here; their result is shown)"
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# A traceback's context line: "----> 5 source" (the line that raised) or "      4 source".
+_CONTEXT = re.compile(r"^(-*>)?\s*(\d+)( ?)(.*)$")
+FLAG_PREFIX = "FLAGGED for an instructor"
+TEST_CELL = " (the test cell)"
+# The trusted re-check's preamble, shortened in the table of tests (the cell shows it whole).
+_RECHECK = re.compile(r"^The trusted re-check \(.*?\) failed: ")
+
+
+# ------------------------------------------------------------------ math
+def mathml(tex: str, display: bool) -> str:
+    """``tex`` as MathML (block or inline); the TeX itself, in a <code>, if it cannot be converted."""
+    try:
+        return _latex_to_mathml(tex.strip(), display="block" if display else "inline")
+    except Exception:  # a macro latex2mathml does not know: the TeX stays readable
+        return f'<code class="fp-tex">{html.escape(tex)}</code>'
+
+
+class MathMLRenderer(IPythonRenderer):
+    """nbconvert's markdown renderer with math as MathML instead of TeX left for MathJax."""
+
+    def block_math(self, body: str) -> str:
+        return mathml(body, display=True)
+
+    def inline_math(self, body: str) -> str:
+        return mathml(body, display=False)
+
+    def latex_environment(self, name: str, body: str) -> str:
+        return mathml(f"\\begin{{{name}}}{body}\\end{{{name}}}", display=True)
+
+
+class FeedbackExporter(HTMLExporter):
+    """HTMLExporter with the course's feedback template and math typeset offline."""
+
+    @default("exclude_anchor_links")
+    def _no_anchor_links(self):
+        return True  # the headings' "¶" links are for a notebook's reader, not a feedback page
+
+    @validate("extra_template_basedirs")
+    def _course_templates_first(self, proposal):
+        dirs = [d for d in proposal["value"] if os.path.abspath(d) != TEMPLATES]
+        return [TEMPLATES, *dirs]
+
+    @pass_context
+    def markdown2html(self, context, source):
+        cell = context.get("cell", {})
+        renderer = MathMLRenderer(
+            escape=False,
+            attachments=cell.get("attachments", {}),
+            embed_images=self.embed_images,
+            path=context.get("resources", {}).get("metadata", {}).get("path", ""),
+            anchor_link_text=self.anchor_link_text,
+            exclude_anchor_links=self.exclude_anchor_links,
+            **self.lexer_options,
+        )
+        return MarkdownWithMath(renderer=renderer).render(source)
+
+
+# ------------------------------------------------------------------ hidden tests
+def hidden_ranges(source: str) -> list[tuple[int, int]]:
+    """1-based (first, last) line numbers of each hidden-tests block, markers included."""
+    ranges, start = [], None
+    for number, line in enumerate(source.splitlines(), 1):
+        text = line.strip()
+        if text.startswith(BEGIN_HIDDEN) and start is None:
+            start = number
+        elif text.startswith(END_HIDDEN) and start is not None:
+            ranges.append((start, number))
+            start = None
+    if start is not None:  # an unclosed block hides everything after it
+        ranges.append((start, len(source.splitlines())))
+    return ranges
+
+
+def strip_hidden(source: str) -> str:
+    """``source`` with each hidden-tests block replaced by one placeholder comment."""
+    lines = source.splitlines()
+    out, hidden = [], [False] * len(lines)
+    for first, last in hidden_ranges(source):
+        for n in range(first, last + 1):
+            hidden[n - 1] = True
+    for i, line in enumerate(lines):
+        if not hidden[i]:
+            out.append(line)
+        elif i == 0 or not hidden[i - 1]:
+            out.append(line[: len(line) - len(line.lstrip())] + HIDDEN_PLACEHOLDER)
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------ tracebacks
+def _library_prefixes() -> tuple[str, ...]:
+    dirs = {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return tuple(os.path.abspath(d) + os.sep for d in dirs if d)
+
+
+_LIBRARIES = _library_prefixes()
+
+
+def is_students_file(path: str) -> bool:
+    """False for the course package, the standard library and installed packages."""
+    if path.startswith("<"):
+        return not (path.startswith("<frozen") or path == "<string>")
+    path = os.path.abspath(path)
+    parts = path.split(os.sep)
+    if path.startswith(_PACKAGE + os.sep) or "firstprinciples" in parts:
+        return False
+    return not (path.startswith(_LIBRARIES) or "site-packages" in parts or "dist-packages" in parts)
+
+
+def _frame_lines(entry: str) -> list[str]:
+    return _ANSI.sub("", entry).rstrip("\n").splitlines()
+
+
+def _context(lines: list[str]) -> list[tuple[bool, int, str]]:
+    """(is the failing line, number, text) of each numbered source line of a frame."""
+    out = []
+    for line in lines:
+        m = _CONTEXT.match(line)
+        if m and (m.group(3) or not m.group(4)):
+            out.append((bool(m.group(1)), int(m.group(2)), m.group(4)))
+    return out
+
+
+def _same_lines(context, source: str) -> bool:
+    lines = source.splitlines()
+    return bool(context) and all(0 < n <= len(lines) and lines[n - 1].rstrip() == text.rstrip()
+                                 for _, n, text in context)
+
+
+def student_frames(traceback: list[str], cell, cells, hidden_lines: set[str]) -> list[str]:
+    """The frames of an IPython traceback that are the student's own, as plain text.
+
+    A frame in a notebook cell ("Cell In[5], line 3") is kept; a test cell's frame shows
+    only the line that failed, or "(a hidden test)" when that line is one; a frame in a
+    file is kept only when the file is the student's; IPython's headers, "skipping hidden
+    frames" lines and the final "Error: message" line (shown as the reason) are dropped.
+    """
+    kept = []
+    for entry in traceback:
+        lines = _frame_lines(entry)
+        if not lines:
+            continue
+        head = lines[0].strip()
+        if head.startswith("Cell In["):
+            context = _context(lines[1:])
+            owner = next((c for c in [cell, *cells] if c.cell_type == "code" and _same_lines(context, c.source)),
+                         None)
+            is_test = owner is not None and owner.get("metadata", {}).get("nbgrader", {}).get("grade") \
+                and not owner.get("metadata", {}).get("nbgrader", {}).get("solution")
+            ranges = hidden_ranges(owner.source) if owner is not None else []
+
+            def hidden(n, text):
+                return any(a <= n <= b for a, b in ranges) or text.strip() in hidden_lines \
+                    or "HIDDEN TESTS" in text
+
+            shown = []
+            for failing, n, text in context:
+                if is_test and not failing:
+                    continue  # the test's source is shown above; here only the line that failed
+                if hidden(n, text):
+                    if failing:
+                        shown.append(f"----> {n} (a hidden test)")
+                    continue
+                shown.append(f"{'---->' if failing else '     '} {n} {text}")
+            title = head if not any(hidden(n, t) for f, n, t in context if f) else head.split(",")[0]
+            frame = "\n".join([title + (TEST_CELL if is_test else ""), *shown])
+            if not kept or kept[-1] != frame:  # the check's wrapper repeats the test cell's frame
+                kept.append(frame)
+        elif head.startswith("File "):
+            m = re.match(r"File (.+?):(\d+)", head)
+            if m and is_students_file(m.group(1)) and (not kept or kept[-1] != "\n".join(lines)):
+                kept.append("\n".join(lines))
+        # everything else: IPython's header and separators, hidden-frame counts, the message
+    if all(frame.splitlines()[0].endswith(TEST_CELL) for frame in kept):
+        return []  # only the test's own line: the reason says more
+    return kept
+
+
+# ------------------------------------------------------------------ notes
+# The grader's notes (firstprinciples.grading.sanitize) are written for an instructor; the
+# student reads the known ones in these words (any other note is shown as it is).
+_NOTES_FOR_STUDENTS = [
+    ("missing cells put back from the source: ",
+     "cells missing from your notebook were put back from the course's copy and graded: "),
+    ("cells with unknown ids graded as plain cells: ",
+     "cells whose nbgrader id the course does not know were kept as ordinary cells: "),
+    ("cells without nbgrader metadata recognised by their content: ",
+     "cells that had lost their nbgrader metadata were recognised by their content: "),
+    ("extra files beside the notebook (the sandboxed kernel does not see them): ",
+     "files submitted beside the notebook were not used (the grader runs the notebook on its own): "),
+]
+
+
+def for_student(note: str) -> str:
+    for prefix, words in _NOTES_FOR_STUDENTS:
+        if note.startswith(prefix):
+            return words + note[len(prefix):]
+    return note
+
+
+# ------------------------------------------------------------------ the preprocessor
+class StudentFeedback(NbGraderPreprocessor):
+    """Prepares an autograded notebook for a student's eyes (see the module docstring)."""
+
+    show_flags = Bool(False, help="Also show the notes flagged for an instructor "
+                                  "(e.g. a patched torch.allclose) to the student.").tag(config=True)
+
+    def preprocess(self, nb, resources):
+        hidden_lines = set()
+        for cell in nb.cells:
+            lines = cell.source.splitlines()
+            for first, last in hidden_ranges(cell.source):
+                hidden_lines.update(l.strip() for l in lines[first - 1:last] if l.strip())
+        for cell in nb.cells:
+            self._cell(cell, nb.cells, hidden_lines)
+        resources.setdefault("fp_feedback", {})["notes"] = self._notes(resources)
+        resources["fp_feedback"]["tests"] = self._tests(nb)
+        return nb, resources
+
+    def _cell(self, cell, cells, hidden_lines):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                output["traceback"] = student_frames(output.get("traceback", []), cell, cells, hidden_lines)
+                output["evalue"] = _ANSI.sub("", str(output.get("evalue", "")))
+            elif output.get("output_type") == "stream" and BEGIN_HIDDEN in output.get("text", ""):
+                output["text"] = strip_hidden(output["text"])
+        if BEGIN_HIDDEN in cell.source:
+            cell.source = strip_hidden(cell.source)
+
+    def _notes(self, resources) -> list[str]:
+        info = resources.get("nbgrader", {})
+        if not info.get("student"):
+            return []
+        path = notes_path(_coursedir(self).root, info["assignment"], info["student"], info["notebook"])
+        try:
+            lines = [l.strip() for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
+        except OSError:
+            return []
+        return [for_student(l) for l in lines if self.show_flags or not l.startswith(FLAG_PREFIX)]
+
+    @staticmethod
+    def _tests(nb) -> list[dict]:
+        """Every graded cell: name, score, points and the first line of each failure's reason."""
+        tests = []
+        for cell in nb.cells:
+            meta = cell.get("metadata", {}).get("nbgrader", {})
+            if not meta.get("grade"):
+                continue
+            reasons = [str(o.get("evalue") or o.get("ename") or "").strip().splitlines()
+                       for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+            tests.append({
+                "name": meta.get("grade_id"),
+                "kind": ("test" if not meta.get("solution") and cell.cell_type == "code" else
+                         "answer" if cell.cell_type == "code" else "written answer"),
+                "score": meta.get("score"),
+                "points": meta.get("points"),
+                "reason": _RECHECK.sub("re-check: ", next((r[0] for r in reasons if r), "")),
+            })
+        return tests
