@@ -67,8 +67,11 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedE
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
 # Execution: a cell that runs longer than this is interrupted (import torch
-# alone takes a few seconds on a cold cache; the slowest test cell takes ~10 s).
-c.Execute.timeout = 120
+# alone takes a few seconds on a cold cache; the slowest test cell takes ~10 s on a
+# quiet machine, so 60 s leaves room for a busy one). A graded piece that did not
+# return within it in a course cell (a test, or a locked "try it" cell) is not waited
+# for again: every later test of it fails at once, with the reason and a note.
+c.Execute.timeout = 60
 c.Execute.interrupt_on_timeout = True
 # c.RobustExecute.notebook_timeout = 300  # seconds of cell execution per notebook; later cells are not run
 # c.RobustExecute.recheck_timeout = 300  # seconds for the trusted re-check of one notebook

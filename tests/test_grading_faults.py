@@ -18,7 +18,7 @@ from course import SOLUTIONS, answer_cells, make_course, nbgrader, nbgrader_meta
 from test_instructor_roundtrip import fill, solution_answers
 
 ASSIGNMENT, NOTEBOOK = "qkv", "queries_keys_values"
-TIMEOUT = 20  # seconds per cell in this test (the course uses 120)
+TIMEOUT = 20  # seconds per cell in this test (the course uses 60)
 BUDGET = 200  # seconds of cells per notebook in this test (the course uses 300)
 
 # Appended to the correct project_qkv: runs when the answer cell runs.
@@ -36,7 +36,13 @@ IN_BODY = {
     # hangs on every call, deaf to interrupts: the notebook's time budget and the re-check's
     # per-piece limit bound what it costs, and the other piece is still graded
     "hangs_every_call": "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
+    # hangs on every call, interruptible: the first course cell that calls it waits its
+    # timeout, every later test of it fails at once, and the re-check does not run it again
+    "hangs_in_body": "while True:\n    pass",
 }
+# A correct def, then an interruptible endless loop in the same answer cell: the cell is
+# interrupted, what it defined is graded (full marks), with a note.
+LOOPS_AFTER_DEF = "while True:\n    pass"
 HUGE_OUTPUT = "print('x' * 60_000_000)"  # 60 MB on one line
 
 SNOOP = """
@@ -76,6 +82,7 @@ def graded(tmp_path_factory):
     for name, snippet in IN_BODY.items():
         students[name] = {**correct, "project_qkv": _in_body(correct["project_qkv"], snippet)}
     students["huge_output"] = {**correct, "project_qkv": correct["project_qkv"] + "\n\n" + HUGE_OUTPUT + "\n"}
+    students["loops_after_def"] = {**correct, "project_qkv": correct["project_qkv"] + "\n\n" + LOOPS_AFTER_DEF + "\n"}
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(5)
@@ -105,8 +112,10 @@ def graded(tmp_path_factory):
     server.close()
     nbgrader(course, "export")
     with open(course / "grades.csv", newline="") as f:
-        rows = {r["student_id"]: float(r["score"]) for r in csv.DictReader(f)}
-    return course, rows, proc, after, calls
+        table = list(csv.DictReader(f))
+    rows = {r["student_id"]: float(r["score"]) for r in table}
+    notes = {r["student_id"]: r.get("notes", "") for r in table}
+    return course, rows, proc, after, calls, notes
 
 
 def _sandbox_processes(folder):
@@ -174,3 +183,28 @@ def test_sandbox_hides_the_course_the_network_and_the_disk(graded):
     assert "escaped: []" in text, f"the submission reached something it should not have: {text!r}"
     assert not (course / "pwned.txt").exists()
     assert graded[4] == [], "the sandboxed kernel reached a server on the host"
+
+
+def test_a_piece_that_hangs_fails_its_later_tests_at_once(graded):
+    """One wait for the piece, not one per test: the first course cell that calls project_qkv
+    times out, each later test of it fails at once and says why, the notes name both."""
+    course, rows, notes = graded[0], graded[1], graded[5]
+    assert rows["hangs_in_body"] == 6
+    nb = nbformat.read(course / "autograded" / "hangs_in_body" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
+    waited = [nbgrader_meta(c).get("grade_id") for c in nb.cells
+              if any(o.get("ename") == "CellTimeoutError" for o in c.get("outputs", []))]
+    at_once = [nbgrader_meta(c).get("grade_id") for c in nb.cells
+               if any("fails at once" in str(o.get("evalue", "")) for o in c.get("outputs", []))]
+    assert len(waited) == 1, f"cells that waited for their timeout: {waited}"
+    assert at_once, "no later test failed at once"
+    assert f"timed out: project_qkv did not return within {TIMEOUT} s" in notes["hangs_in_body"], notes["hangs_in_body"]
+    assert "failed at once" in notes["hangs_in_body"]
+    recheck = [str(o.get("evalue", "")) for c in nb.cells for o in c.get("outputs", [])
+               if o.get("ename") == "TrustedCheckFailed"]
+    assert recheck and all("not run again" in r for r in recheck if "project_qkv" in r), recheck
+
+
+def test_an_answer_cell_that_loops_after_its_def_keeps_the_def_with_a_note(graded):
+    rows, notes = graded[1], graded[5]
+    assert rows["loops_after_def"] == 12
+    assert f"project_qkv did not finish within {TIMEOUT} s and was interrupted" in notes["loops_after_def"]

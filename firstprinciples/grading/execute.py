@@ -18,6 +18,12 @@ fails or the student's grading is aborted. ``RobustExecute`` instead:
 - gives a notebook a time budget (``notebook_timeout``): once it is spent, the
   cells left are not run (each says why), so one answer that hangs on every call
   costs minutes, not a worker's afternoon;
+- remembers a graded piece that hung: once a test cell timed out inside ``softmax``
+  (named by the interrupted traceback, or the only piece the cell tests), every later
+  test cell that tests only hung pieces fails at once ("softmax did not return within
+  60 s in test_dims") instead of waiting for its own timeout, the re-check does not
+  run that piece again, and a cell that ran past its timeout is re-checked with a
+  short limit; each is a note for the student and in ``grades.csv``;
 - after the last cell, runs the trusted re-check (``firstprinciples.grading.trusted``)
   in a fresh sandboxed interpreter, never in the student's kernel, and makes its
   verdict final in every test cell.
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from pathlib import Path
 
 from jupyter_core.utils import run_sync
@@ -37,9 +44,10 @@ from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Float, Integer, default
 
-from . import sandbox, sanitize, trusted, warm
+from . import probes, sandbox, sanitize, trusted, warm
 
 FAULT_NAME = "GradingFault"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _error(evalue: str) -> NotebookNode:
@@ -115,6 +123,9 @@ class RobustExecute(Execute):
         self._restarts = 0
         self._budget_end = None
         self._cell_limit = self.timeout
+        self._timed_out = False  # the last cell run went past its timeout
+        self._hung: dict[str, str] = {}  # graded piece -> the test cell it did not return in
+        self._slow: set[int] = set()  # indices of non-test cells that ran past their timeout
         run_sync(self._execute_all)()
         return self.nb, self.resources
 
@@ -123,6 +134,9 @@ class RobustExecute(Execute):
         import time
 
         self._budget_end = time.monotonic() + self.notebook_timeout
+        tested = trusted.grade_cell_names(self.nb, probes.load())  # test cell index -> pieces it tests
+        all_pieces = sorted({p for ps in tested.values() for p in ps})
+        failed_at_once: dict[str, list] = {}  # hung piece -> the later test cells that failed at once
         async with self.async_setup_kernel():
             await self._kernel_info()
             for index, cell in enumerate(self.nb.cells):
@@ -135,16 +149,60 @@ class RobustExecute(Execute):
                     cell.outputs = [_error(f"Not run: this notebook used up its {self.notebook_timeout} s of grading "
                                            "time (an earlier cell hung or was very slow).")]
                     continue
+                pieces = tested.get(index) or []
+                if pieces and all(p in self._hung for p in pieces):
+                    cell.outputs = [_error(self._hung_reason(pieces) + " This test, which calls it, fails at once "
+                                           "(it would only wait as long again).")]
+                    for p in pieces:
+                        failed_at_once.setdefault(p, []).append(_grade_id(cell) or f"cell {index + 1}")
+                    continue
                 fault = await self._run(cell, index)
+                if self._timed_out:
+                    self._note_timeout(cell, index, pieces, all_pieces)
                 if fault is None:
                     if not cell.get("metadata", {}).get("nbgrader", {}).get("grade", False):
                         clean.append(index)
                     continue
                 cell.outputs.append(_error(fault))
                 await self._fresh_kernel(clean)
+            for piece, cells in failed_at_once.items():
+                self._add_note(f"{len(cells)} later test(s) that call {piece} failed at once: {', '.join(cells)}")
             if self.trusted_verdicts:
                 await self._trusted_recheck(clean)
         self.set_widgets_metadata()
+
+    # ------------------------------------------------------------ hangs
+    def _hung_reason(self, pieces) -> str:
+        hung = [p for p in pieces if p in self._hung]
+        return "; ".join(f"Your {p} did not return within {self._cell_limit} s in {self._hung[p]}" for p in hung) + "."
+
+    def _note_timeout(self, cell, index: int, pieces: list, all_pieces: list) -> None:
+        """A cell ran past its timeout: remember the graded piece that did not return (the
+        innermost one in the interrupted traceback, else the only piece a test cell tests),
+        or else the cell itself, and say so in the notes."""
+        gid = _grade_id(cell)
+        where = gid or f"code cell {index + 1}"
+        text = _ANSI.sub("", "\n".join(t for o in cell.get("outputs", []) if o.get("output_type") == "error"
+                                        for t in o.get("traceback", [])))
+        inner = [f for f in re.findall(r"\bin (\w+)", text) if f in all_pieces]
+        culprit = [inner[-1]] if inner else (pieces if len(pieces) == 1 else [])
+        # Only the course's own cells (tests, and locked cells such as "try it", which nbgrader
+        # restores from the instructor's notebook) say that a piece hangs: their inputs are the
+        # course's. A cell of the student's may just call it on something huge.
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if culprit and (meta.get("grade") or meta.get("locked")) and not meta.get("solution"):
+            for p in culprit:
+                self._hung.setdefault(p, where)
+            self._add_note(f"{where} timed out: {', '.join(culprit)} did not return within {self.timeout} s")
+            return
+        if not meta.get("grade"):
+            self._slow.add(index)
+        self._add_note(f"{where} did not finish within {self.timeout} s and was interrupted"
+                       + ("" if pieces else "; what it defined before that was kept"))
+
+    def _add_note(self, text: str) -> None:
+        if (self.resources or {}).get("nbgrader", {}).get("student"):
+            sanitize.add_note(self.log, self.resources, text)
 
     # ------------------------------------------------------------ the trusted re-check
     def _course(self):
@@ -167,6 +225,9 @@ class RobustExecute(Execute):
         root, source = self._course()
         sources = trusted.course_sources(source) if source is not None else None
         plan = trusted.make_plan(self.nb, trusted.seed_for(self.resources, root), sources)
+        plan.hung = {p: f"it did not return within {self._cell_limit} s in {where} in your notebook, so it was not "
+                        "run again" for p, where in self._hung.items()}
+        plan.slow, plan.cell_timeout = set(self._slow), float(self._cell_limit)
         limits = trusted.Limits(piece=self.recheck_piece_timeout, total=self.recheck_timeout)
         command = warm.Runner(sandbox.recheck_command(self._sandboxed()), self._sandboxed())
         outcomes, flags = await asyncio.get_running_loop().run_in_executor(
@@ -190,18 +251,21 @@ class RobustExecute(Execute):
         """Run one cell; return a description of the fault, or None."""
         import time
 
+        self._timed_out = False
         if self._budget_end is not None:
             self.timeout = max(1, min(self._cell_limit, int(self._budget_end - time.monotonic()) + 1))
         try:
             await self.async_execute_cell(cell, index, execution_count=self.code_cells_executed + 1)
         except DeadKernelError:
-            return ("The kernel died while running this cell (it crashed, exited, or went over the "
-                    "memory limit). Grading went on with a fresh kernel from the next cell.")
+            return ("The kernel died while running this cell (it crashed, exited, went over the "
+                    "memory limit or used up its CPU time). Grading went on with a fresh kernel from the next cell.")
         except CellTimeoutError:
+            self._timed_out = True
             return (f"This cell did not finish within {self.timeout} s and did not stop when "
                     "interrupted. Grading went on with a fresh kernel from the next cell.")
         timed_out = any(o.get("output_type") == "error" and o.get("ename") == "CellTimeoutError"
                         for o in cell.get("outputs", []))
+        self._timed_out = timed_out
         if timed_out and not await self._responsive():
             return (f"This cell did not finish within {self.timeout} s and did not stop when "
                     "interrupted. Grading went on with a fresh kernel from the next cell.")
@@ -244,15 +308,24 @@ class RobustExecute(Execute):
     async def _fresh_kernel(self, replay: list[int]) -> None:
         self._restarts += 1
         await self._new_kernel()
+        saved = self.timeout
         for i in replay:  # restore the state: setup and answer cells, outputs discarded
             original = self.nb.cells[i]
             shadow = copy.deepcopy(original)
+            # a cell that ran past its timeout (and was interrupted) gets a short one: what it
+            # defines comes before the hang, and waiting again would only repeat it
+            self.timeout = min(saved, int(trusted.SLOW_CELL_TIMEOUT)) if i in self._slow else saved
             try:
                 await self.async_execute_cell(shadow, i, execution_count=None)
             except (DeadKernelError, CellTimeoutError):
                 await self._new_kernel()
             finally:
+                self.timeout = saved
                 self.nb.cells[i] = original  # nbclient stored the shadow in its place
+
+
+def _grade_id(cell) -> str:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
 
 
 def _cut(text: str, limit: int) -> str:

@@ -25,6 +25,7 @@ reference (``trusted``).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import gc
@@ -62,6 +63,14 @@ class Shell:
 
     def __getattr__(self, name):  # anything else a cell asks of the shell does nothing
         return lambda *a, **k: None
+
+
+class CellInterrupted(BaseException):
+    """A loaded cell ran past its time limit (raised by the SIGALRM handler)."""
+
+
+def _interrupt(signum, frame):
+    raise CellInterrupted()
 
 
 def _strip_options(line: str) -> str:
@@ -122,8 +131,18 @@ def main() -> None:
     errors, changed = [], []
     before = snapshot()
     for cell in job["cells"]:
+        limit = cell.get("timeout")
         try:
-            exec(compile(cell["source"], f"{observe.CELL_PREFIX}{cell['label']}>", "exec"), namespace)
+            # as the kernel interrupts a cell that runs past its timeout: what it defined before stays
+            if isinstance(limit, (int, float)) and limit > 0:
+                signal.signal(signal.SIGALRM, _interrupt)
+                signal.setitimer(signal.ITIMER_REAL, float(limit))
+            try:
+                exec(compile(cell["source"], f"{observe.CELL_PREFIX}{cell['label']}>", "exec"), namespace)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except CellInterrupted:
+            errors.append({"cell": cell["label"], "error": f"it did not finish within {limit:g} s and was interrupted"})
         except BaseException as e:  # noqa: B036 (a cell's SystemExit or KeyboardInterrupt too)
             errors.append({"cell": cell["label"], "error": f"{type(e).__name__}: {str(e)[:300]}"})
         after = snapshot()

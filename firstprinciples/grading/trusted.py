@@ -108,6 +108,12 @@ class Plan:
     infos: list  # scan.CellInfo of every code cell
     graded: dict  # grade cell index -> names of probed objects it uses
     nb: object = None
+    # what the kernel's run showed: pieces that did not return there (name -> why; not run
+    # again, they fail with that reason) and cells that ran past their timeout (indices;
+    # loaded with a short limit, so that a `while True:` after a def costs seconds, not minutes)
+    hung: dict = field(default_factory=dict)
+    slow: set = field(default_factory=set)
+    cell_timeout: float = 60.0  # seconds each loaded cell may run before it is interrupted
 
 
 def grade_cell_names(nb, known) -> dict:
@@ -159,7 +165,13 @@ def job_cells(plan: Plan, names, everything: bool = False) -> list:
         wanted = set(names) | {m for n in names if n in registry for m in getattr(registry[n], "needs", ())}
         picked = {c.index for n in wanted for c in scan.dependencies(candidates, n)}
         chosen = [c for c in candidates if c.index in picked]
-    return [{"label": c.label, "source": c.python} for c in chosen]
+    return [{"label": c.label, "source": c.python,
+             "timeout": min(SLOW_CELL_TIMEOUT, plan.cell_timeout) if c.index in plan.slow else plan.cell_timeout}
+            for c in chosen]
+
+
+SLOW_CELL_TIMEOUT = 5.0  # seconds for a cell that ran past its timeout in the kernel (what it defines
+# before it hangs is defined within this; the time beyond only repeats the hang)
 
 
 # ---------------------------------------------------------------- running the re-check
@@ -305,8 +317,10 @@ def recheck(plan: Plan, command: list, limits: Limits | None = None) -> tuple[di
                 outcomes[check.name] = found
         return missed
 
+    for name, why in plan.hung.items():
+        outcomes[name] = Outcome(why)
     for everything in (False, True):
-        todo = list(plan.checks) if not everything else [
+        todo = [c for c in plan.checks if c.name not in plan.hung] if not everything else [
             c for c in plan.checks if c.name in outcomes and outcomes[c.name].retry()]
         if not todo or time.monotonic() >= deadline:
             continue
