@@ -27,7 +27,7 @@ import sys
 
 from nbconvert.preprocessors import ClearMetadataPreprocessor
 from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearOutput, DeduplicateIds, IgnorePattern,
-                                    LimitOutput, OverwriteCells, OverwriteKernelspec, SaveAutoGrades)
+                                    LimitOutput, OverwriteKernelspec, SaveAutoGrades)
 
 import nbgrader.apps.autogradeapp
 from nbgrader.coursedir import CourseDirectory
@@ -35,7 +35,8 @@ from nbgrader.coursedir import CourseDirectory
 import firstprinciples.grading
 from firstprinciples.grading.execute import RobustExecute
 from firstprinciples.grading.parallel import MARKER, GraderBoundKernelManager, ParallelAutograde
-from firstprinciples.grading.sanitize import CsvExportWithNotes, MatchNotebooks, RestoreCells, TolerantNotebookExporter
+from firstprinciples.grading.sanitize import (CsvExportWithNotes, MatchNotebooks, OverwriteCellsQuietly, RestoreCells,
+                                              TolerantNotebookExporter)
 
 c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
 
@@ -85,7 +86,7 @@ c.Execute.shutdown_kernel = "immediate"
 # possible, with a note per student in the log and in grades.csv
 # (firstprinciples.grading.sanitize).
 c.Autograde.sanitize_preprocessors = [
-    RestoreCells, ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells, CheckCellMetadata,
+    RestoreCells, ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCellsQuietly, CheckCellMetadata,
 ]
 c.Autograde.exporter_class = TolerantNotebookExporter
 c.Autograde.pre_convert_hook = MatchNotebooks(c.CourseDirectory.source_directory)

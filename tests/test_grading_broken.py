@@ -117,7 +117,8 @@ def graded(tmp_path_factory):
     folder = _submit(course, "numpy_beside", good)
     (folder / "numpy.py").write_text("raise ImportError('shadowed')\n")
 
-    first = nbgrader(course, "autograde", ASSIGNMENT, timeout=1800)  # asserts exit code 0
+    first = nbgrader(course, "autograde", ASSIGNMENT, timeout=1800,  # asserts exit code 0
+                     env={"FP_GRADING_VERBOSE": "1"})  # (the log tests read the detailed log)
     rows = _export(course)
 
     # The stale scenario: a later, unreadable resubmission (newer timestamp, as

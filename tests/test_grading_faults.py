@@ -8,6 +8,7 @@ fault costs the piece it is in, the rest of the notebook is still graded, and
 the batch goes on. The cell timeout is lowered to keep the test short.
 """
 import csv
+import re
 import socket
 import subprocess
 
@@ -208,3 +209,21 @@ def test_an_answer_cell_that_loops_after_its_def_keeps_the_def_with_a_note(grade
     rows, notes = graded[1], graded[5]
     assert rows["loops_after_def"] == 12
     assert f"project_qkv did not finish within {TIMEOUT} s and was interrupted" in notes["loops_after_def"]
+
+
+def test_the_log_is_one_line_per_student_and_a_summary(graded):
+    """The default log: per submission one line with progress, score, time and notes; a
+    summary; no kernel banners, no false checksum warnings, no per-step lines."""
+    proc, rows = graded[2], graded[1]
+    log = proc.stderr
+    total = len(rows)
+    for student, score in rows.items():
+        line = next((x for x in log.splitlines() if re.search(rf"\[ ?\d+/{total}\] {student}  {ASSIGNMENT}  ", x)), None)
+        assert line is not None, f"no result line for {student}:\n{log[-3000:]}"
+        assert f"  {score:g}/12  " in line, line
+    done = sorted(int(n) for n in re.findall(rf"\[ ?(\d+)/{total}\]", log))
+    assert done == list(range(1, total + 1)), done
+    assert "Summary:" in log and re.search(r"timed out\s+\d+\s+.*hangs_in_body", log), log[-2000:]
+    for noise in ("--existing", "Ctrl-C will not work", "Attribute 'checksum'", "Converting notebook", "Writing "):
+        assert noise not in log, f"{noise!r} in the log"
+    assert len(log.splitlines()) <= total + 40, f"{len(log.splitlines())} lines for {total} students"

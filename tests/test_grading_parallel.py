@@ -118,7 +118,7 @@ def graded(tmp_path_factory):
     (course / "autograded").mkdir()
     (course / "autograded" / "broken_dest").write_text("a file where the student's folder should be")
 
-    proc = nbgrader(course, "autograde", ASSIGNMENT, env={"FP_GRADING_WORKERS": str(WORKERS)},
+    proc = nbgrader(course, "autograde", ASSIGNMENT, env={"FP_GRADING_WORKERS": str(WORKERS), "FP_GRADING_VERBOSE": "1"},
                         check=False, timeout=1800)
     rows = read_export(course)
     return course, expected, proc, rows
@@ -193,9 +193,9 @@ def regraded(graded):
             grade.needs_manual_grade = False
         gb.db.commit()
     (course / "autograded" / "broken_dest").unlink()
-    plain = nbgrader(course, "autograde", ASSIGNMENT, env={"FP_GRADING_WORKERS": str(WORKERS)})
+    plain = nbgrader(course, "autograde", ASSIGNMENT, env={"FP_GRADING_WORKERS": str(WORKERS), "FP_GRADING_VERBOSE": "1"})
     forced = nbgrader(course, "autograde", ASSIGNMENT, "--force", "--student=naive_*",
-                          env={"FP_GRADING_WORKERS": str(WORKERS)})
+                          env={"FP_GRADING_WORKERS": str(WORKERS), "FP_GRADING_VERBOSE": "1"})
     rows = {r["student_id"]: r for r in read_export(course)}
     return course, expected, plain, forced, rows
 

@@ -36,7 +36,7 @@ from course import make_course, nbgrader, scratch
 from test_grading_parallel import ASSIGNMENT, GRADES, NOTEBOOK, answers_of, read_export, submit, unfinished
 
 STUDENTS = {s: GRADES[s.rsplit("_", 1)[0]] for s in ("correct_0", "correct_1", "naive_0", "untouched_0", "naive_1")}
-ENV = {"FP_GRADING_WORKERS": "2"}
+ENV = {"FP_GRADING_WORKERS": "2", "FP_GRADING_VERBOSE": "1"}  # (this test reads nbgrader's detailed log)
 
 
 def _live_processes(course, pgid=None):

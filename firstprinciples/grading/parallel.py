@@ -88,7 +88,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from traitlets import Bool, Float, Integer, default
 
-from . import sharedqueue
+from . import gradelog, sharedqueue
 from .sandbox import sweep_cgroups
 from .warm import WarmKernelManager
 
@@ -268,11 +268,52 @@ class ParallelAutograde(Autograde):
     def _shared_queue_default(self) -> bool:
         return sharedqueue.shared(self.coursedir.db_url or "")
 
+    verbose = Bool(help="Log every step of every notebook, as stock nbgrader does (also with "
+                        "--log-level=DEBUG); by default the log is one line per submission, errors "
+                        "and a summary (gradelog.py). Default: on when $FP_GRADING_VERBOSE is set.").tag(config=True)
+
+    @default("verbose")
+    def _verbose_default(self) -> bool:
+        return bool(os.environ.get("FP_GRADING_VERBOSE"))
+
+    # ---------------------------------------------------------- the log (gradelog.py)
+    def _start_log(self) -> None:
+        self._results: list = []
+        self._total = len(self.assignments)
+        self._results_lock = threading.Lock()
+        if not self.verbose and not gradelog.detailed(self.log):
+            gradelog.quiet(self.log)
+
+    def _record(self, res: dict) -> None:
+        with self._results_lock:
+            self._results.append(res)
+            done = len(self._results)
+        self.log.info(gradelog.line(done, self._total, res), extra={"fp_result": True})
+
+    def _end_log(self, failed=()) -> None:
+        done = {(r.get("assignment"), r.get("student")) for r in self._results}
+        missing = sorted(f"{ids[1]} ({ids[0]})" for ids in map(self._ids, self.assignments)
+                         if ids is not None and ids not in done)
+        self.log.info(gradelog.summary(self._results, self._total, list(failed), missing), extra={"fp_result": True})
+
     # ---------------------------------------------------------- the batch
     def _can_fork(self, workers: int) -> bool:
         return workers > 1 and not os.environ.get(SHARD_ENV) and looks_like_cli(sys.argv) and hasattr(os, "fork")
 
     def convert_notebooks(self) -> None:
+        if os.environ.get(SHARD_ENV):  # a worker of this round (forked): the command keeps the log
+            return self._convert()
+        self._start_log()
+        failed: list = []
+        try:
+            self._convert(failed)
+        except NbGraderException as e:
+            failed.append(str(e).removeprefix("Grading failed for: "))
+            raise
+        finally:
+            self._end_log(failed)
+
+    def _convert(self, failed: list | None = None) -> None:
         workers = min(self.workers, len(self.assignments))
         if self.shared_queue and self.assignments:
             return self._convert_shared(workers)
@@ -364,8 +405,8 @@ class ParallelAutograde(Autograde):
                 pipes.append(read)
             for w, read in enumerate(pipes):
                 errors[w] = []
-                pump = threading.Thread(target=self._pump, args=(read, f"[grader {w + 1}/{workers}] ", errors[w]),
-                                        daemon=True)
+                pump = threading.Thread(target=self._pump, args=(read, f"[grader {w + 1}/{workers}] ", errors[w],
+                                                                 self._record), daemon=True)
                 pump.start()
                 pumps.append(pump)
             codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
@@ -426,9 +467,13 @@ class ParallelAutograde(Autograde):
                 os._exit(code)
 
     @staticmethod
-    def _pump(read: int, prefix: str, errors: list) -> None:
+    def _pump(read: int, prefix: str, errors: list, record=None) -> None:
         with os.fdopen(read, encoding="utf-8", errors="replace") as stream:
             for line in stream:
+                res = gradelog.decode(line.rstrip("\n"))
+                if res is not None and record is not None:
+                    record(res)  # a submission is done: one line, counted for the whole class
+                    continue
                 m = _ERROR_LINE.search(line)
                 if m:
                     errors.append(m.groups())
@@ -506,6 +551,7 @@ class ParallelAutograde(Autograde):
         return True
 
     def init_assignment(self, assignment_id: str, student_id: str) -> None:
+        self._submission_started = time.monotonic()
         dest = self._format_dest(assignment_id, student_id)
         os.makedirs(dest, exist_ok=True)
         marker = os.path.join(dest, MARKER)
@@ -520,8 +566,29 @@ class ParallelAutograde(Autograde):
                         f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         super().init_assignment(assignment_id, student_id)
 
+    def _report(self, assignment_id: str, student_id: str) -> None:
+        """One result for the log: score (from the gradebook), time and the grader's notes."""
+        from nbgrader.api import Gradebook
+
+        score = max_score = None
+        try:
+            with Gradebook(self.coursedir.db_url) as gb:
+                sub = gb.find_submission(assignment_id, student_id)
+                score, max_score = float(sub.score), float(sub.max_score)
+        except Exception as e:  # noqa: BLE001 (the log must never stop grading)
+            self.log.debug("no score for %s/%s: %s", assignment_id, student_id, e)
+        res = gradelog.result(assignment_id, student_id, score, max_score,
+                              time.monotonic() - getattr(self, "_submission_started", time.monotonic()),
+                              gradelog.notes_of(self.coursedir.root, assignment_id, student_id))
+        if os.environ.get(SHARD_ENV):  # a worker: the command that started it counts and prints
+            sys.stderr.write(gradelog.encode(res) + "\n")
+            sys.stderr.flush()
+        elif hasattr(self, "_results"):
+            self._record(res)
+
     def set_permissions(self, assignment_id: str, student_id: str) -> None:
         super().set_permissions(assignment_id, student_id)
+        self._report(assignment_id, student_id)
         # nbgrader calls this once every notebook of the submission is written.
         if not getattr(self, "_marker_kept", False):
             marker = os.path.join(self._format_dest(assignment_id, student_id), MARKER)

@@ -247,6 +247,13 @@ def recheck_command(sandboxed: bool = True) -> list[str]:
     return [sys.executable, "-m", "firstprinciples.grading.sandbox", "--recheck"]
 
 
+# The grading kernel's options: no history file, and no banner ("NOTE: When using the
+# `ipython kernel` entry point, Ctrl-C will not work ... --existing kernel-....json"),
+# which ipykernel prints on every start unless its log level is CRITICAL: 10 lines per
+# notebook in the grading log.
+KERNEL_OPTIONS = ("--HistoryManager.hist_file=:memory:", "--IPKernelApp.log_level=CRITICAL")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-f", dest="connection_file")
@@ -266,8 +273,7 @@ def main(argv=None) -> None:
     socket_dir = os.path.dirname(info["ip"])
     if socket_dir in ("/", "/tmp") or not os.path.isdir(socket_dir):
         sys.exit(f"the kernel's socket folder {socket_dir!r} must be a private, existing folder")
-    kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", args.connection_file,
-              "--HistoryManager.hist_file=:memory:"]
+    kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", args.connection_file, *KERNEL_OPTIONS]
     connection_file = os.path.realpath(args.connection_file)
     run_sandboxed(bwrap_command(kernel, binds=[socket_dir], ro_binds=[connection_file]))
 

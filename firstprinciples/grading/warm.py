@@ -288,9 +288,11 @@ def kernel_request(kernel_cmd: list[str]) -> dict | None:
             info = json.load(f)
         if info.get("transport") != "ipc" or not os.path.isabs(info.get("ip", "")):
             return None  # the cold launcher explains what is wrong
+        from .sandbox import KERNEL_OPTIONS
+
         return {"sandboxed": True, "binds": [os.path.dirname(info["ip"])],
                 "ro_binds": [os.path.realpath(connection_file)],
-                "argv": ["-f", connection_file, "--HistoryManager.hist_file=:memory:", *extra]}
+                "argv": ["-f", connection_file, *KERNEL_OPTIONS, *extra]}
     if kernel_cmd[1:3] == ["-m", "ipykernel_launcher"] and i == 3 and os.path.realpath(kernel_cmd[0]) == \
             os.path.realpath(sys.executable):
         return {"sandboxed": False, "binds": [], "ro_binds": [], "argv": ["-f", connection_file, *extra]}

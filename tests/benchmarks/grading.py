@@ -118,6 +118,29 @@ def check_seconds(notebook: Path, env: dict, runs: int = 3) -> float:
     return statistics.median(times)
 
 
+NEVER_RETURNS = "import torch\n\ndef softmax(x, dim=-1):\n    while True:\n        pass\n"
+
+
+def hang_cost(tmp: Path, students: int, env: dict) -> tuple[float, float]:
+    """Seconds to grade a softmax class of ``students`` (a third each correct, partly wrong,
+    untouched), then the same class with one never-returning answer in place of a correct one."""
+    course = make_course(tmp / "hang")
+    run(course, "generate_assignment", "softmax", "--force")
+    (release,) = sorted((course / "exercises" / "softmax").glob("*.ipynb"))
+    released = nbformat.read(release, as_version=4)
+    correct = solution_answers(nbformat.read(SOLUTIONS / "softmax" / release.name, as_version=4))
+    kinds = [correct, partly_wrong("softmax", correct, released), None]
+    for i in range(students):
+        target = course / "submitted" / f"student{i:03d}" / "softmax"
+        target.mkdir(parents=True, exist_ok=True)
+        nbformat.write(released if kinds[i % 3] is None else fill(released, kinds[i % 3]), target / release.name)
+    without = run(course, "autograde", "softmax", env=env)
+    nbformat.write(fill(released, {**correct, "softmax": NEVER_RETURNS}),
+                   course / "submitted" / "student000" / "softmax" / release.name)
+    with_hang = run(course, "autograde", "softmax", "--force", env=env)
+    return without, with_hang
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--students", type=int, default=30, help="students per assignment (default 30)")
@@ -125,6 +148,8 @@ def main():
     parser.add_argument("--workers", type=int, default=None,
                         help="grading workers of the course's config (default: its own, the number of cores)")
     parser.add_argument("--no-stock", action="store_true", help="skip stock nbgrader (its time is then not shown)")
+    parser.add_argument("--no-hang", action="store_true",
+                        help="skip the softmax class graded again with one never-returning answer")
     args = parser.parse_args()
     chosen = [a for a in args.assignments.split(",") if a] or assignments()
     unknown = set(chosen) - set(assignments())
@@ -199,6 +224,10 @@ def main():
         print("the check command on a solved notebook, cold and warm (median of 3) ...", flush=True)
         check_cold = check_seconds(solved, {"FP_GRADING_COLD": "1"})
         check_warm = check_seconds(solved, {})
+        hang = None
+        if not args.no_hang:
+            print(f"a softmax class of {args.students}, then the same with one never-returning answer ...", flush=True)
+            hang = hang_cost(tmp, args.students, env)
 
     workers = args.workers or os.cpu_count()
     print()
@@ -220,6 +249,10 @@ def main():
     print(f"check command on {solved.name}: cold {check_cold:.2f} s ({check_cold / floor:.2f} x floor), "
           f"warm {check_warm:.2f} s ({check_warm / floor:.2f} x floor; target < {CHECK_TARGET} x: "
           f"{'met' if check_warm / floor < CHECK_TARGET else 'NOT met'})")
+    if hang is not None:
+        extra = hang[1] - hang[0]
+        print(f"softmax class of {args.students}: {hang[0]:.1f} s; with one never-returning answer {hang[1]:.1f} s "
+              f"(+{extra:.1f} s; target at most +60 s: {'met' if extra <= 60 else 'NOT met'})")
     # This run itself keeps about `workers` cores busy; much more means other work competed.
     load = statistics.median(loads)
     print(f"load average while grading (median of {len(loads)} samples): {load:.1f} on {os.cpu_count()} cores")
