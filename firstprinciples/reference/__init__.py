@@ -11,6 +11,8 @@ from .decoding import KVCache, cached_attention_step, cross_attention, generate
 from .multihead import MultiHeadAttention, merge_heads, split_heads
 from .position import apply_rope, sinusoidal_encoding
 from .rnn import rnn_forward
+from .sampling import next_token_probabilities, sample_next_token
+from .tiled import tiled_attention
 
 __all__ = [
     "FeedForward",
@@ -24,10 +26,13 @@ __all__ = [
     "dot_product_scores",
     "generate",
     "merge_heads",
+    "next_token_probabilities",
     "project_qkv",
     "rnn_forward",
+    "sample_next_token",
     "scaled_dot_product_attention",
     "sinusoidal_encoding",
     "softmax",
     "split_heads",
+    "tiled_attention",
 ]

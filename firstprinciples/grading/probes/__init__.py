@@ -44,7 +44,8 @@ import numpy as np
 
 from .. import wire
 
-MODULES = ("attention", "qkv", "rnn", "causal_mask", "position", "multihead", "block", "kv_cache", "encoder_decoder", "capstone")
+MODULES = ("attention", "qkv", "rnn", "causal_mask", "position", "multihead", "block", "kv_cache", "encoder_decoder", "capstone",
+           "sampling", "tiled")
 
 REGISTRY: dict[str, "Probe"] = {}
 
