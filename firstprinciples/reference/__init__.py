@@ -8,6 +8,7 @@ student's answer simply calls the reference instead of building the piece.
 from .attention import causal_mask, dot_product_scores, project_qkv, scaled_dot_product_attention, softmax
 from .block import FeedForward, TransformerBlock
 from .decoding import KVCache, cached_attention_step, cross_attention, generate
+from .induction import induction_score
 from .multihead import MultiHeadAttention, merge_heads, split_heads
 from .position import apply_rope, sinusoidal_encoding
 from .rnn import rnn_forward
@@ -25,6 +26,7 @@ __all__ = [
     "cross_attention",
     "dot_product_scores",
     "generate",
+    "induction_score",
     "merge_heads",
     "next_token_probabilities",
     "project_qkv",

@@ -45,7 +45,7 @@ import numpy as np
 from .. import wire
 
 MODULES = ("attention", "qkv", "rnn", "causal_mask", "position", "multihead", "block", "kv_cache", "encoder_decoder", "capstone",
-           "sampling", "tiled")
+           "sampling", "tiled", "induction")
 
 REGISTRY: dict[str, "Probe"] = {}
 
