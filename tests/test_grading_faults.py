@@ -164,8 +164,11 @@ def test_a_notebook_that_hangs_everywhere_costs_at_most_its_budget(graded):
     course = graded[0]
     nb = nbformat.read(course / "autograded" / "hangs_every_call" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
     test_cells = [c for c in nb.cells if nbgrader_meta(c).get("grade")]
-    timed_out = [c for c in test_cells if any("did not finish" in str(o.get("evalue", "")) for o in c.outputs)]
-    assert timed_out, "no test cell timed out"
+    # each test of the hanging piece either waited for its timeout or, once the piece was
+    # seen hanging (here already in the locked "try it" cell), failed at once saying so
+    timed_out = [c for c in test_cells if any("did not finish" in str(o.get("evalue", "")) or
+                                              "fails at once" in str(o.get("evalue", "")) for o in c.outputs)]
+    assert timed_out, "no test cell says that the piece hung"
     assert graded[1]["correct"] == 12 and graded[1]["hangs_every_call"] == 6
 
 
@@ -227,3 +230,11 @@ def test_the_log_is_one_line_per_student_and_a_summary(graded):
     for noise in ("--existing", "Ctrl-C will not work", "Attribute 'checksum'", "Converting notebook", "Writing "):
         assert noise not in log, f"{noise!r} in the log"
     assert len(log.splitlines()) <= total + 40, f"{len(log.splitlines())} lines for {total} students"
+
+
+@pytest.mark.parametrize("student, note", [
+    ("exits", "the kernel died"), ("segfaults", "the kernel died"),
+    ("ignores_interrupts", "did not stop when interrupted; grading went on in a fresh kernel without it"),
+])
+def test_grades_csv_notes_say_what_happened(graded, student, note):
+    assert note in graded[5][student], graded[5][student]

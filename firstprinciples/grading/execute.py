@@ -44,7 +44,7 @@ from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Float, Integer, default
 
-from . import probes, sandbox, sanitize, trusted, warm
+from . import probes, sandbox, sanitize, scan, trusted, warm
 
 FAULT_NAME = "GradingFault"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -158,7 +158,10 @@ class RobustExecute(Execute):
                     continue
                 fault = await self._run(cell, index)
                 if self._timed_out:
-                    self._note_timeout(cell, index, pieces, all_pieces)
+                    self._note_timeout(cell, index, pieces, all_pieces, stopped=fault is None)
+                elif fault is not None:
+                    self._add_note(f"{_grade_id(cell) or f'code cell {index + 1}'}: the kernel died (it crashed, "
+                                   "exited, or went over the memory or CPU limit); grading went on in a fresh kernel")
                 if fault is None:
                     if not cell.get("metadata", {}).get("nbgrader", {}).get("grade", False):
                         clean.append(index)
@@ -176,15 +179,19 @@ class RobustExecute(Execute):
         hung = [p for p in pieces if p in self._hung]
         return "; ".join(f"Your {p} did not return within {self._cell_limit} s in {self._hung[p]}" for p in hung) + "."
 
-    def _note_timeout(self, cell, index: int, pieces: list, all_pieces: list) -> None:
+    def _note_timeout(self, cell, index: int, pieces: list, all_pieces: list, stopped: bool = True) -> None:
         """A cell ran past its timeout: remember the graded piece that did not return (the
-        innermost one in the interrupted traceback, else the only piece a test cell tests),
-        or else the cell itself, and say so in the notes."""
+        innermost one in the interrupted traceback, else the only graded piece the cell calls),
+        or else the cell itself, and say so in the notes. ``stopped``: the interrupt stopped it
+        (False: the kernel had to be replaced)."""
         gid = _grade_id(cell)
         where = gid or f"code cell {index + 1}"
         text = _ANSI.sub("", "\n".join(t for o in cell.get("outputs", []) if o.get("output_type") == "error"
                                         for t in o.get("traceback", [])))
         inner = [f for f in re.findall(r"\bin (\w+)", text) if f in all_pieces]
+        if not pieces:  # a cell that is not a test: the graded pieces its code calls
+            tree = scan.parse(cell.source)
+            pieces = sorted(scan.loaded_names(tree) & set(all_pieces)) if tree is not None else []
         culprit = [inner[-1]] if inner else (pieces if len(pieces) == 1 else [])
         # Only the course's own cells (tests, and locked cells such as "try it", which nbgrader
         # restores from the instructor's notebook) say that a piece hangs: their inputs are the
@@ -196,9 +203,13 @@ class RobustExecute(Execute):
             self._add_note(f"{where} timed out: {', '.join(culprit)} did not return within {self.timeout} s")
             return
         if not meta.get("grade"):
-            self._slow.add(index)
+            self._slow.add(index)  # the re-check loads it with a short limit (and a replay, if stopped)
+        if not stopped:
+            self._add_note(f"{where} did not finish within {self.timeout} s and did not stop when interrupted; "
+                           "grading went on in a fresh kernel without it")
+            return
         self._add_note(f"{where} did not finish within {self.timeout} s and was interrupted"
-                       + ("" if pieces else "; what it defined before that was kept"))
+                       + ("" if meta.get("grade") else "; what it defined before that was kept"))
 
     def _add_note(self, text: str) -> None:
         if (self.resources or {}).get("nbgrader", {}).get("student"):

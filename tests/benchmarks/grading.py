@@ -124,6 +124,7 @@ NEVER_RETURNS = "import torch\n\ndef softmax(x, dim=-1):\n    while True:\n     
 def hang_cost(tmp: Path, students: int, env: dict) -> tuple[float, float]:
     """Seconds to grade a softmax class of ``students`` (a third each correct, partly wrong,
     untouched), then the same class with one never-returning answer in place of a correct one."""
+    (tmp / "hang").mkdir()
     course = make_course(tmp / "hang")
     run(course, "generate_assignment", "softmax", "--force")
     (release,) = sorted((course / "exercises" / "softmax").glob("*.ipynb"))
