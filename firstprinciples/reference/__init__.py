@@ -9,6 +9,7 @@ from .attention import causal_mask, dot_product_scores, project_qkv, scaled_dot_
 from .block import FeedForward, TransformerBlock
 from .decoding import KVCache, cached_attention_step, cross_attention, generate
 from .induction import induction_score
+from .modern_block import GroupedQueryAttention, RMSNorm, SwiGLU
 from .multihead import MultiHeadAttention, merge_heads, split_heads
 from .position import apply_rope, sinusoidal_encoding
 from .rnn import rnn_forward
@@ -17,8 +18,11 @@ from .tiled import tiled_attention
 
 __all__ = [
     "FeedForward",
+    "GroupedQueryAttention",
     "KVCache",
     "MultiHeadAttention",
+    "RMSNorm",
+    "SwiGLU",
     "TransformerBlock",
     "apply_rope",
     "cached_attention_step",

@@ -1345,4 +1345,176 @@ _entry(
     "the roles looked up with getattr on SimpleNamespaces; a torch.testing self-test against F.scaled_dot_product_attention in an added cell",
 )
 
+# ------------------------------------------------------------ beyond the block
+_entry(
+    "sampling_gumbel_warnings_selftest", "sampling",
+    {"sample_next_token": _c('''
+        import warnings
+
+
+        def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+            """The Gumbel-max trick: argmax(log p + Gumbel noise) is a draw from p."""
+            if temperature == 0:
+                return torch.argmax(logits, dim=-1)
+            if temperature < 0.05:
+                warnings.warn("a very low temperature: nearly greedy")
+            z = logits / temperature
+            if top_k is not None and top_k < z.shape[-1]:
+                kth = torch.topk(z, top_k, dim=-1).values[..., -1:]
+                z = torch.where(z < kth, torch.full_like(z, float("-inf")), z)
+            logp = z - torch.logsumexp(z, dim=-1, keepdim=True)
+            if top_p is not None:
+                p_sorted, order = torch.sort(logp.exp(), dim=-1, descending=True)
+                before = torch.cumsum(p_sorted, dim=-1) - p_sorted
+                keep = torch.empty_like(before, dtype=torch.bool).scatter_(-1, order, before < top_p)
+                logp = logp.masked_fill(~keep, float("-inf"))
+            u = torch.rand(logp.shape, generator=generator, dtype=logp.dtype).clamp_(1e-12, 1 - 1e-12)
+            return torch.argmax(logp - torch.log(-torch.log(u)), dim=-1)
+    ''')},
+    [("end", _c('''
+        # my own check: frequencies near torch.multinomial's (only here, never in the answer)
+        g = torch.Generator().manual_seed(1)
+        lg = torch.tensor([2.0, 1.0, 0.5, 0.0])
+        mine = torch.bincount(sample_next_token(lg.expand(20000, 4), generator=g), minlength=4) / 20000
+        ref = torch.bincount(torch.multinomial(torch.softmax(lg, -1), 20000, replacement=True), minlength=4) / 20000
+        assert (mine - ref).abs().max() < 0.02, (mine, ref)
+        print("frequencies agree")
+    '''))],
+    "the Gumbel-max trick on torch.rand (a different draw than multinomial), a warnings.warn, a self-test against torch.multinomial in an added cell",
+)
+
+_entry(
+    "tiled_helper_cell_time_selftest", "tiled_attention",
+    {"tiled_attention": _c('''
+        def _fold(state, Q, K_b, V_b, start, causal):
+            """Add one block of keys to (output sum, running max, running total), rescaling the old."""
+            s = torch.einsum("...qd,...kd->...qk", Q, K_b) / Q.shape[-1] ** 0.5
+            if causal:
+                q = torch.arange(Q.shape[-2])[:, None]
+                k = torch.arange(start, start + K_b.shape[-2])[None, :]
+                s = s.masked_fill(k > q, float("-inf"))
+            block_max = s.amax(dim=-1, keepdim=True)
+            if state is None:
+                p = torch.exp(s - block_max)
+                return p @ V_b, block_max, p.sum(-1, keepdim=True)
+            out, m_old, total = state
+            m = torch.maximum(m_old, block_max)
+            p = torch.exp(s - m)
+            r = torch.exp(m_old - m)
+            return out * r + p @ V_b, m, total * r + p.sum(-1, keepdim=True)
+
+
+        def tiled_attention(Q, K, V, block_size=64, causal=False):
+            """Blocks of keys, folded in one at a time by a helper of my own."""
+            state = None
+            for start in range(0, K.shape[-2], block_size):
+                state = _fold(state, Q, K[..., start:start + block_size, :], V[..., start:start + block_size, :],
+                              start, causal)
+            out, _, total = state
+            return out / total
+    ''')},
+    [("after:try_it_code", "%time out = tiled_attention(*torch.randn(3, 2, 256, 16), block_size=32)\n"),
+     ("end", _c('''
+        import torch.nn.functional as F
+
+        # my own check against PyTorch's attention (only in this cell)
+        q, k, v = torch.randn(3, 2, 50, 8, dtype=torch.float64)
+        torch.testing.assert_close(tiled_attention(q, k, v, 16, causal=True),
+                                   F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        print("agrees with F.scaled_dot_product_attention")
+    '''))],
+    "the running state folded in by a helper of the student's own; scores by einsum; a %time line; a self-test against F.scaled_dot_product_attention",
+)
+
+_entry(
+    "induction_diagonal_getattr_selftest", "induction_heads",
+    {"induction_score": _c('''
+        def induction_score(weights, period):
+            """The diagonal period - 1 below the main one, over the second copy's queries."""
+            diag = getattr(torch, "diagonal")(weights, offset=-(period - 1), dim1=-2, dim2=-1)  # (..., T - period + 1)
+            return diag[..., 1:].mean(dim=-1)
+    ''')},
+    [("end", _c('''
+        # my own check against a plain loop (only here)
+        w = torch.softmax(torch.randn(2, 3, 12, 12, dtype=torch.float64), -1)
+        loop = torch.stack([w[..., i, i - 6 + 1] for i in range(6, 12)], -1).mean(-1)
+        torch.testing.assert_close(induction_score(w, 6), loop)
+        print("agrees with the loop")
+    '''))],
+    "torch.diagonal with a negative offset, looked up with getattr; a self-test against a loop in an added cell",
+)
+
+_entry(
+    "modern_setattr_einsum_selftest", "modern_block",
+    {
+        "RMSNorm": _c('''
+            class RMSNorm(nn.Module):
+                """x * rsqrt(mean(x^2) + eps) * weight, the weight made with setattr."""
+
+                def __init__(self, d_model, eps=1e-6):
+                    super().__init__()
+                    self.eps = eps
+                    setattr(self, "weight", nn.Parameter(torch.ones(d_model)))
+
+                def forward(self, x):
+                    return x * torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True) + self.eps) * self.weight
+        '''),
+        "SwiGLU": _c('''
+            class SwiGLU(nn.Module):
+                """The three layers named in a loop."""
+
+                def __init__(self, d_model, d_hidden):
+                    super().__init__()
+                    for name, (n_in, n_out) in {"W1": (d_model, d_hidden), "W3": (d_model, d_hidden),
+                                                "W2": (d_hidden, d_model)}.items():
+                        setattr(self, name, nn.Linear(n_in, n_out, bias=False))
+
+                def forward(self, x):
+                    gate = self.W1(x)
+                    return self.W2(gate * torch.sigmoid(gate) * self.W3(x))
+        '''),
+        "GroupedQueryAttention": _c('''
+            class GroupedQueryAttention(nn.Module):
+                """Queries grouped by their key/value head: an einsum over (kv head, group), no repeat."""
+
+                def __init__(self, d_model, n_heads, n_kv_heads):
+                    super().__init__()
+                    self.h, self.kv, self.d_k = n_heads, n_kv_heads, d_model // n_heads
+                    self.W_q = nn.Linear(d_model, d_model, bias=False)
+                    self.W_k = nn.Linear(d_model, n_kv_heads * self.d_k, bias=False)
+                    self.W_v = nn.Linear(d_model, n_kv_heads * self.d_k, bias=False)
+                    self.W_o = nn.Linear(d_model, d_model, bias=False)
+
+                def forward(self, x, mask=None):
+                    B, T, _ = x.shape
+                    g = self.h // self.kv
+                    q = self.W_q(x).view(B, T, self.kv, g, self.d_k)  # head h = kv * g + j
+                    k = self.W_k(x).view(B, T, self.kv, self.d_k)
+                    v = self.W_v(x).view(B, T, self.kv, self.d_k)
+                    s = torch.einsum("bqcgd,bkcd->bcgqk", q, k) / math.sqrt(self.d_k)  # (B, kv, g, T, T)
+                    s = s.reshape(B, self.h, T, T)
+                    if mask is not None:
+                        s = s + mask
+                    w = torch.exp(s - s.amax(-1, keepdim=True))
+                    w = w / w.sum(-1, keepdim=True)
+                    out = torch.einsum("bcgqk,bkcd->bqcgd", w.view(B, self.kv, g, T, T), v)
+                    return self.W_o(out.reshape(B, T, self.h * self.d_k)), w
+        '''),
+    },
+    [("end", _c('''
+        # my own checks against PyTorch (only in this cell)
+        x = torch.randn(2, 5, 16)
+        mine, ref = RMSNorm(16), nn.RMSNorm(16, eps=1e-6)
+        torch.testing.assert_close(mine(x), ref(x))
+        gqa = GroupedQueryAttention(16, 4, 2)
+        q = gqa.W_q(x).view(2, 5, 4, 4).transpose(1, 2)
+        k = gqa.W_k(x).view(2, 5, 2, 4).transpose(1, 2)
+        v = gqa.W_v(x).view(2, 5, 2, 4).transpose(1, 2)
+        want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True).transpose(1, 2).reshape(2, 5, 16)
+        torch.testing.assert_close(gqa(x)[0], gqa.W_o(want))
+        print("agrees with nn.RMSNorm and scaled_dot_product_attention(enable_gqa=True)")
+    '''))],
+    "weights and layers made with setattr (one in a loop), silu written as z * sigmoid(z), GQA as an einsum over (kv head, group) with no repeat; self-tests against nn.RMSNorm and F.scaled_dot_product_attention",
+)
+
 __all__ = ["HONEST"]
