@@ -283,7 +283,7 @@ def test_template_ships_with_the_package():
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
         "firstprinciples.grading"]
     files = [p.relative_to(Path(TEMPLATES).parent).as_posix() for p in Path(TEMPLATES).rglob("*") if p.is_file()]
-    assert {"templates/feedback/index.html.j2", "templates/feedback/conf.json"} <= set(files)
+    assert {"templates/student_feedback/index.html.j2", "templates/student_feedback/conf.json"} <= set(files)
     assert all(any(fnmatch.fnmatch(f, pat) for pat in patterns) for f in files), (files, patterns)
 
 
@@ -297,6 +297,6 @@ def test_template_is_not_git_ignored():
     root = Path(__file__).resolve().parents[1]
     if shutil.which("git") is None or not (root / ".git").exists():
         pytest.skip("not a git checkout")
-    template = Path(TEMPLATES, "feedback", "index.html.j2").relative_to(root)
+    template = Path(TEMPLATES, "student_feedback", "index.html.j2").relative_to(root)
     ignored = subprocess.run(["git", "check-ignore", "-v", str(template)], cwd=root, capture_output=True, text=True)
     assert ignored.returncode == 1, f"{template} is ignored by git: {ignored.stdout.strip()}"

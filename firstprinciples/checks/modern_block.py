@@ -37,13 +37,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..guard import call_without
 from ..reference import MultiHeadAttention, causal_mask
 from ..reference import merge_heads as ref_merge_heads
 from ..reference import scaled_dot_product_attention as ref_attention
 from ..reference import split_heads as ref_split_heads
-from ._core import Mistake, assert_gradcheck, assert_matches, exact, unpack, with_diagnosis
+from ._core import Mistake, assert_matches, exact, with_diagnosis
 from ._student import wrap_checks
+from .block import _gradient_check as block_gradient_check
 from .multihead import build, forbidden_in_forward, run_module
 
 PIECES = ("RMSNorm", "SwiGLU", "GroupedQueryAttention", "MultiHeadAttention", "scaled_dot_product_attention",
@@ -245,26 +245,11 @@ def check_rmsnorm_values(cls, full=True):
 
 
 def _gradient_check(module, x, forbidden, what, names=("output",), kwargs=None):
-    """Output requires grad, x and every parameter receive a gradient, autograd agrees with central
-    differences with respect to x (float64 ``gradcheck``), and x is left untouched."""
+    """x is left untouched, then as the block's checks: the output requires grad, x and every
+    parameter receive a gradient, autograd agrees with central differences (float64 gradcheck)."""
     kwargs = kwargs or {}
     run_module(module, x, kwargs.get("mask"), forbidden, names=names)  # x untouched
-    leaf = x.clone().requires_grad_(True)
-    out = unpack(call_without(module, (leaf,), kwargs, **forbidden), names)[0]
-    if not out.requires_grad:
-        raise AssertionError(
-            f"The output of {what} does not require grad although x does: gradients cannot flow back. Avoid "
-            ".detach(), .numpy(), .item(), torch.tensor(...) of results and torch.no_grad() inside forward.")
-    named = [("x", leaf)] + list(module.named_parameters())
-    grads = torch.autograd.grad(out.sum(), [t for _, t in named], allow_unused=True)
-    for (name, _), gr in zip(named, grads):
-        if gr is None:
-            raise AssertionError(f"No gradient reaches {name}: is it used in forward (and not detached)?")
-
-    def output_only(inp):
-        return unpack(call_without(module, (inp,), kwargs, **forbidden), names)[0]
-
-    assert_gradcheck(output_only, (leaf,), what=f"the output of {what} with respect to x", fast=True)
+    block_gradient_check(module, x, kwargs, forbidden, names, what)
 
 
 # ====================================================================== SwiGLU

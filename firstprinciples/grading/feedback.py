@@ -14,9 +14,9 @@ the reason of a failure on one unwrapped line, and MathJax loaded from a CDN
   keeps only the line that failed); and hands the template the grader's notes
   for this student and notebook (``sanitize.notes_path``, what was repaired).
 - ``FeedbackExporter`` (``GenerateFeedback.exporter_class``): nbgrader's HTML
-  exporter with the course's ``templates/feedback`` template (found before
-  nbgrader's template of the same name, so formgrader's "generate feedback"
-  button uses it too) and LaTeX in markdown rendered to MathML at feedback time
+  exporter with the course's ``templates/student_feedback`` template, used
+  wherever nbgrader asks for its own ``feedback`` template (so formgrader's
+  "generate feedback" button uses it too), and LaTeX in markdown rendered to MathML at feedback time
   (``latex2mathml``): no script at all, nothing fetched.
 
 The page: the notebook's score, the notes ("your notebook was repaired before
@@ -27,6 +27,7 @@ and the student's frames folded below it.
 """
 from __future__ import annotations
 
+import copy
 import html
 import os
 import re
@@ -42,6 +43,7 @@ from traitlets import Bool, default, validate
 from .sanitize import _coursedir, notes_path
 
 TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+TEMPLATE_NAME = "student_feedback"  # (not "feedback": that is the name of nbgrader's output folder)
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # firstprinciples/
 
 BEGIN_HIDDEN = "### BEGIN HIDDEN TESTS"
@@ -84,6 +86,14 @@ class FeedbackExporter(HTMLExporter):
     @default("exclude_anchor_links")
     def _no_anchor_links(self):
         return True  # the headings' "¶" links are for a notebook's reader, not a feedback page
+
+    def __init__(self, config=None, **kw):
+        # nbgrader's GenerateFeedback asks for HTMLExporter.template_name = "feedback": this
+        # exporter answers with the course's template instead (a section of its own name wins)
+        if config is not None and config.get("HTMLExporter", {}).get("template_name") == "feedback":
+            config = copy.deepcopy(config)
+            config.FeedbackExporter.template_name = TEMPLATE_NAME
+        super().__init__(config=config, **kw)
 
     @validate("extra_template_basedirs")
     def _course_templates_first(self, proposal):
