@@ -1,8 +1,8 @@
 """An instructor's grading round with the plain nbgrader commands and the repo's config.
 
-In a fresh course folder, for every assignment: `nbgrader generate_assignment`,
-then submissions from several students, `nbgrader autograde`,
-`nbgrader generate_feedback` and `nbgrader export`; the test reads grades.csv.
+In a fresh course folder: `nbgrader generate_assignment "*"` (every assignment), then
+submissions from several students to every assignment, `nbgrader autograde "*"`,
+`nbgrader generate_feedback "*"` and `nbgrader export`; the test reads grades.csv.
 
 Students:
 - ``correct``: every answer cell holds the solution's code;
@@ -73,8 +73,10 @@ def round_trip(tmp_path_factory):
     course = make_course(tmp_path_factory.mktemp("roundtrip"))
     seeds = seed_answers()
     expected = {}  # (student, assignment) -> "full" | "zero" | "partial"
+    # Each command once for the whole course ("*": every assignment), as an instructor grading
+    # a term's work at once would run it; the tests of one assignment at a time are elsewhere.
+    nbgrader(course, "generate_assignment", "*", "--force")
     for assignment in assignments():
-        nbgrader(course, "generate_assignment", assignment, "--force")
         uses_seed = False
         for release in sorted((course / "exercises" / assignment).glob("*.ipynb")):
             # What nbgrader released here is what the repo ships to students.
@@ -101,8 +103,8 @@ def round_trip(tmp_path_factory):
             expected[("seed", assignment)] = "full"
         if assignment == "attention":
             expected[("no_scaling", assignment)] = "partial"
-        nbgrader(course, "autograde", assignment)
-        nbgrader(course, "generate_feedback", assignment)
+    nbgrader(course, "autograde", "*", timeout=3000)
+    nbgrader(course, "generate_feedback", "*")
     nbgrader(course, "export")
     with open(course / "grades.csv", newline="") as f:
         rows = {(r["student_id"], r["assignment"]): r for r in csv.DictReader(f)}

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from course import EXERCISES, assignments, make_course, nbgrader, rel, released_notebooks
+from course import EXERCISES, make_course, nbgrader, rel, released_notebooks
 
 LEAKS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
 
@@ -11,8 +11,8 @@ LEAKS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TES
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     course = make_course(tmp_path_factory.mktemp("release"))
-    for assignment in assignments():
-        nbgrader(course, "generate_assignment", assignment, "--force", "--no-db")
+    # One command for every assignment ("*" is a glob over solutions/), as an instructor may run it.
+    nbgrader(course, "generate_assignment", "*", "--force", "--no-db")
     return course / "exercises"
 
 

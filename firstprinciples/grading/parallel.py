@@ -131,6 +131,7 @@ def _die_with(parent: int):
 
 
 _SOCKETS: dict = {}  # pid -> this process's kernel socket folder
+_KERNEL_FOLDERS: set = set()  # (pid, folder) of this process's kernels not yet cleaned up
 _SOCKET_PREFIX = "fp-grade-"  # then the pid of the process that made the folder
 
 
@@ -160,9 +161,16 @@ def _sweep_socket_folders() -> None:
 
 
 def remove_socket_folder() -> None:
-    folder = _SOCKETS.pop(os.getpid(), None)
+    """This process's socket folder, and those of its kernels that were never cleaned up (a
+    kernel whose notebook was abandoned: its manager's cleanup never ran)."""
+    pid = os.getpid()
+    folder = _SOCKETS.pop(pid, None)
     if folder:
         shutil.rmtree(folder, ignore_errors=True)
+    for owner, kernel_folder in list(_KERNEL_FOLDERS):
+        if owner == pid:
+            _KERNEL_FOLDERS.discard((owner, kernel_folder))
+            shutil.rmtree(kernel_folder, ignore_errors=True)
 
 
 class GraderBoundKernelManager(WarmKernelManager):
@@ -179,6 +187,7 @@ class GraderBoundKernelManager(WarmKernelManager):
             # at the top of the temporary folder, named after this process (so a sweep finds it if
             # this process is killed), and short: a Unix socket's path has at most 107 characters
             self._own_folder = tempfile.mkdtemp(prefix=f"{_SOCKET_PREFIX}{os.getpid()}-")
+            _KERNEL_FOLDERS.add((os.getpid(), self._own_folder))
             self.ip = os.path.join(self._own_folder, "kernel")
 
     def _warm_preexec(self):
@@ -197,6 +206,7 @@ class GraderBoundKernelManager(WarmKernelManager):
         await super()._async_cleanup_resources(restart=restart)
         if not restart and self._own_folder:
             shutil.rmtree(self._own_folder, ignore_errors=True)  # whatever the kernel left there
+            _KERNEL_FOLDERS.discard((os.getpid(), self._own_folder))
         # A kernel shut down at once (c.Execute.shutdown_kernel = "immediate") takes its
         # sandbox's launcher with it before the launcher can remove its (now empty) cgroups.
         sweep_cgroups()
