@@ -141,6 +141,19 @@ def lr_at(step, config):
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+def train_step(model, opt, xb, step: int, config: dict, pad: int = 0):
+    """One optimiser step of next-token prediction on the batch ``xb`` (B, L) with the
+    learning rate of ``step``; returns the loss (a 0-d tensor)."""
+    for group in opt.param_groups:
+        group["lr"] = lr_at(step, config)
+    logits, _ = model(xb[:, :-1])  # (B, L-1, V)
+    loss = lm_loss(logits, xb[:, 1:], pad)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def train(corpus: Corpus, config=None, seed=0, model=None, log=None):
     """Train a ``TinyGPT`` (or the given ``model``) on ``corpus.train``; deterministic for ``seed``.
 
@@ -167,13 +180,7 @@ def train(corpus: Corpus, config=None, seed=0, model=None, log=None):
                 order, cursor = torch.randperm(len(X), generator=gen), 0
             xb = X[order[cursor:cursor + config["batch_size"]]]
             cursor += config["batch_size"]
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, config)
-            logits, _ = model(xb[:, :-1])  # (B, L-1, V)
-            loss = lm_loss(logits, xb[:, 1:], pad)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            loss = train_step(model, opt, xb, step, config, pad)
             history["loss"].append(loss.item())
             if (step + 1) % config["eval_every"] == 0 or step + 1 == config["steps"]:
                 history["eval_step"].append(step + 1)

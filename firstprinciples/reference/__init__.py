@@ -5,6 +5,7 @@ with them, and ``tests/`` validates them against PyTorch's own modules.
 Each is marked with ``reference_piece`` so that an exercise can tell when a
 student's answer simply calls the reference instead of building the piece.
 """
+from .alibi import alibi_bias, alibi_slopes
 from .attention import causal_mask, dot_product_scores, project_qkv, scaled_dot_product_attention, softmax
 from .block import FeedForward, TransformerBlock
 from .decoding import KVCache, cached_attention_step, cross_attention, generate
@@ -24,6 +25,8 @@ __all__ = [
     "RMSNorm",
     "SwiGLU",
     "TransformerBlock",
+    "alibi_bias",
+    "alibi_slopes",
     "apply_rope",
     "cached_attention_step",
     "causal_mask",

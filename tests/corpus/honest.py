@@ -1427,6 +1427,39 @@ _entry(
 )
 
 _entry(
+    "alibi_loops_float16_selftest", "alibi",
+    {"alibi_bias": _c('''
+        def _slope(h, n_heads):
+            """Head h's slope as a Python float: 2^(-8 (h + 1) / n_heads)."""
+            return 2 ** (-8 * (h + 1) / n_heads)
+
+
+        def alibi_bias(n_heads, T, dtype=torch.float32):
+            """Row by row: query i's row is the distances i, i - 1, ..., 1, 0 times -m_h, then zeros."""
+            rows = []
+            for i in range(T):
+                back = torch.arange(i, -1, -1, dtype=torch.float64)  # i - j for j = 0 .. i
+                row = torch.cat([back, torch.zeros(T - i - 1, dtype=torch.float64)])
+                rows.append(row)
+            distance = torch.stack(rows)  # (T, T)
+            slopes = torch.tensor([_slope(h, n_heads) for h in range(n_heads)], dtype=torch.float64)
+            return torch.einsum("h,ij->hij", -slopes, distance).to(dtype=dtype)
+    ''')},
+    [("after:try_it_code", "print(alibi_bias(2, 3, dtype=torch.float16))  # half precision: not graded, but it runs\n"),
+     ("end", _c('''
+        # my own check against the formula, entry by entry (only here)
+        b = alibi_bias(6, 9, dtype=torch.float64)
+        for h in range(6):
+            for i in range(9):
+                for j in range(9):
+                    want = -(2 ** (-8 * (h + 1) / 6)) * (i - j) if j <= i else 0.0
+                    assert abs(b[h, i, j].item() - want) < 1e-12, (h, i, j)
+        print("agrees with the formula")
+    '''))],
+    "rows built one query at a time by torch.cat, slopes from a helper of the student's own, an einsum outer product; a float16 print and an entry-by-entry self-test in added cells",
+)
+
+_entry(
     "induction_diagonal_getattr_selftest", "induction_heads",
     {"induction_score": _c('''
         def induction_score(weights, period):

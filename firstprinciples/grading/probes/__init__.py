@@ -45,7 +45,7 @@ import numpy as np
 from .. import wire
 
 MODULES = ("attention", "qkv", "rnn", "causal_mask", "position", "multihead", "block", "kv_cache", "encoder_decoder", "capstone",
-           "sampling", "tiled", "induction", "modern_block")
+           "sampling", "tiled", "alibi", "induction", "modern_block")
 
 REGISTRY: dict[str, "Probe"] = {}
 
