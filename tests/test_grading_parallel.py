@@ -253,3 +253,32 @@ def test_only_the_command_line_fans_out():
     assert [shard_of(i, 3) for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
     assert threads_per_worker(2, cores=2) == 1 and threads_per_worker(3, cores=2) == 1
     assert threads_per_worker(2, cores=8) == 4
+
+
+def test_a_student_inserted_by_another_worker_at_the_same_moment_is_found(tmp_path, monkeypatch):
+    """`nbgrader autograde "*"`: two workers grading two assignments of a student the gradebook
+    does not know yet both insert them; the second insert fails on the unique id (it did in the
+    round trip, and the student's notebook was not graded). The grader tries again and finds them."""
+    from nbgrader.api import InvalidEntry
+    from nbgrader.coursedir import CourseDirectory
+
+    from firstprinciples.grading.parallel import ParallelAutograde
+
+    db = f"sqlite:///{tmp_path / 'gradebook.db'}"
+    real = Gradebook.update_or_create_student
+    calls = []
+
+    def racing(self, student_id, **kw):  # the first call loses the race to another worker
+        calls.append(student_id)
+        if len(calls) == 1:
+            with Gradebook(db) as other:
+                other.add_student(student_id)
+            raise InvalidEntry("UNIQUE constraint failed: student.id")
+        return real(self, student_id, **kw)
+
+    monkeypatch.setattr(Gradebook, "update_or_create_student", racing)
+    grader = ParallelAutograde(coursedir=CourseDirectory(root=str(tmp_path), db_url=db))
+    grader._create_student("ada")
+    assert len(calls) == 2
+    with Gradebook(db) as gb:
+        assert [s.id for s in gb.students] == ["ada"]

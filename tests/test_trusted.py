@@ -285,3 +285,39 @@ def test_correct_and_wrong_answers_in_process():
     assert not any(trusted.local_verdicts(nb, ns, seed=5).values())
     verdicts = trusted.local_verdicts(nb, {"softmax": lambda x, dim=-1: x}, seed=5)
     assert all(verdicts.values()) and "differs from the reference" in verdicts["test_dims"]
+
+
+def test_an_object_equal_to_a_forbidden_function_does_not_hide_it():
+    """The torch-function observer remembers what each torch function is. An object of the
+    student's that claims to equal a forbidden function (its own __eq__ and __hash__), sent
+    through torch's function dispatch first, must not make the real function look harmless."""
+    import torch
+    import torch.nn.functional as F
+    from torch.overrides import handle_torch_function
+
+    from firstprinciples.grading import observe
+
+    class LookAlike:  # unequal while its own name is looked up, then equal to the forbidden function
+        __name__ = "harmless"
+        armed = False
+
+        def __hash__(self):
+            return hash(F.scaled_dot_product_attention)
+
+        def __eq__(self, other):
+            return LookAlike.armed and other is F.scaled_dot_product_attention
+
+        def __call__(self, *args, **kwargs):
+            return None
+
+    class Dispatches:  # makes handle_torch_function hand LookAlike() to the active mode
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            return None
+
+    q = torch.randn(1, 2, 3)
+    with observe.Watch(("scaled_dot_product_attention",)) as seen:
+        handle_torch_function(LookAlike(), (Dispatches(),), Dispatches())
+        LookAlike.armed = True
+        F.scaled_dot_product_attention(q, q, q)
+    assert any(name.startswith("torch.nn.functional.scaled_dot") for name, _ in seen.hits), seen.hits

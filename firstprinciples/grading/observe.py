@@ -35,6 +35,7 @@ import builtins
 import os
 import sys
 import threading
+import types
 from dataclasses import dataclass, field
 
 import torch
@@ -150,16 +151,45 @@ class Seen:
     threads: list = field(default_factory=list)  # other threads that ran during the window
 
 
+_MARKS = ("torch.special.entr", "torch.special.erfcx")
+# patterns -> {func: (kind, name)}: what a torch function is, worked out once per grading
+# process (resolving a name costs microseconds, and a case calls thousands). Only Python's own
+# function and descriptor types are looked up or stored: their equality is Python's (a fresh
+# ``Tensor.shape.__get__`` equals the last one), and an object of the student's, with an
+# __eq__ and __hash__ of its own, never meets the cache, so it cannot pass for a function.
+_KINDS: dict = {}
+_PLAIN, _MARK, _HIT = 0, 1, 2
+_KINDS_MAX = 20_000
+_CACHEABLE = frozenset({types.BuiltinFunctionType, types.MethodDescriptorType, types.MethodWrapperType,
+                        types.WrapperDescriptorType, types.FunctionType, types.GetSetDescriptorType,
+                        types.ClassMethodDescriptorType, types.MemberDescriptorType})
+
+
 class _Mode(TorchFunctionMode):
     def __init__(self, patterns, seen: Seen):
         super().__init__()
         self.patterns, self.seen, self.marks = patterns, seen, set()
+        self.kinds = _KINDS.setdefault(self.patterns, {})
+
+    def _kind(self, func) -> tuple:
+        name = resolve_name(func) or getattr(func, "__name__", repr(func))
+        if name in _MARKS:
+            return _MARK, name
+        return (_HIT if any(p in name for p in self.patterns) else _PLAIN), name
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = resolve_name(func) or getattr(func, "__name__", repr(func))
-        if name in ("torch.special.entr", "torch.special.erfcx"):
+        if type(func) in _CACHEABLE:
+            try:
+                kind, name = self.kinds[func]
+            except KeyError:
+                kind, name = self._kind(func)
+                if len(self.kinds) < _KINDS_MAX:  # (torch has a few thousand functions; past that, no cache)
+                    self.kinds[func] = kind, name
+        else:
+            kind, name = self._kind(func)
+        if kind == _MARK:
             self.marks.add(name)
-        elif any(p in name for p in self.patterns):
+        elif kind == _HIT:
             self.seen.hits.append((name, where(_getframe(1))))
         return func(*args, **(kwargs or {}))
 

@@ -574,7 +574,25 @@ class ParallelAutograde(Autograde):
             with open(marker, "w") as f:
                 f.write(f"being graded by {socket.gethostname()} pid {os.getpid()} since "
                         f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        self._create_student(student_id)
         super().init_assignment(assignment_id, student_id)
+
+    def _create_student(self, student_id: str) -> None:
+        """Add the student to the gradebook before nbgrader does, allowing for a race: two
+        workers (or machines) grading two assignments of a student the gradebook does not know
+        yet both try to insert them, and the second insert fails on the unique id. Once one of
+        them has, nbgrader's own ``update_or_create_student`` finds the student."""
+        from nbgrader.api import Gradebook, InvalidEntry
+
+        if not self.create_student:
+            return
+        for attempt in range(5):
+            try:
+                with Gradebook(self.coursedir.db_url, self.coursedir.course_id) as gb:
+                    gb.update_or_create_student(student_id)
+                return
+            except InvalidEntry:  # another process inserted them first: the next try finds them
+                time.sleep(0.05 * (attempt + 1))
 
     def _report(self, assignment_id: str, student_id: str) -> None:
         """One result for the log: score (from the gradebook), time and the grader's notes."""
