@@ -152,12 +152,13 @@ class Seen:
 
 
 _MARKS = ("torch.special.entr", "torch.special.erfcx")
-# patterns -> {func: (kind, name)}: what a torch function is, worked out once per grading
-# process (resolving a name costs microseconds, and a case calls thousands). Only Python's own
+# What a torch function is, worked out once per watched window (resolving a name costs
+# microseconds, and a case calls the same few dozen functions thousands of times). The cache
+# lives and dies with its window: no module-level state that a student's import could reach
+# between windows (their code runs in the same process). Only Python's own
 # function and descriptor types are looked up or stored: their equality is Python's (a fresh
 # ``Tensor.shape.__get__`` equals the last one), and an object of the student's, with an
 # __eq__ and __hash__ of its own, never meets the cache, so it cannot pass for a function.
-_KINDS: dict = {}
 _PLAIN, _MARK, _HIT = 0, 1, 2
 _KINDS_MAX = 20_000
 _CACHEABLE = frozenset({types.BuiltinFunctionType, types.MethodDescriptorType, types.MethodWrapperType,
@@ -169,7 +170,7 @@ class _Mode(TorchFunctionMode):
     def __init__(self, patterns, seen: Seen):
         super().__init__()
         self.patterns, self.seen, self.marks = patterns, seen, set()
-        self.kinds = _KINDS.setdefault(self.patterns, {})
+        self.kinds: dict = {}  # func -> (kind, name), for this window only
 
     def _kind(self, func) -> tuple:
         name = resolve_name(func) or getattr(func, "__name__", repr(func))
@@ -183,7 +184,7 @@ class _Mode(TorchFunctionMode):
                 kind, name = self.kinds[func]
             except KeyError:
                 kind, name = self._kind(func)
-                if len(self.kinds) < _KINDS_MAX:  # (torch has a few thousand functions; past that, no cache)
+                if len(self.kinds) < _KINDS_MAX:  # (a case calls a few dozen distinct functions)
                     self.kinds[func] = kind, name
         else:
             kind, name = self._kind(func)
