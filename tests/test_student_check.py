@@ -53,6 +53,22 @@ def test_correct_notebook_passes_everything(notebooks):
     assert "TCP" not in proc.stderr and not proc.stderr.strip(), proc.stderr
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="kernels are forked warm on Linux only")
+def test_the_kernel_is_forked_from_the_warm_template(notebooks, tmp_path):
+    """The check's kernel starts with torch already imported (it is forked from the template,
+    as the grader's are), and says nothing of its own on the console."""
+    nb = nbformat.read(notebooks["correct"], as_version=4)
+    probe = nbformat.v4.new_code_cell('import sys\nassert "torch" in sys.modules, "a cold kernel"')
+    probe.metadata["nbgrader"] = {"grade": True, "grade_id": "started_warm", "points": 1, "solution": False,
+                                  "locked": True, "schema_version": 3}
+    nb.cells.insert(0, probe)
+    path = tmp_path / "warm.ipynb"
+    nbformat.write(nb, path)
+    proc = run_check(path)
+    assert "pass  started_warm" in proc.stdout, proc.stdout
+    assert "Ctrl-C" not in proc.stdout and "connect another client" not in proc.stdout, proc.stdout
+
+
 def test_error_in_the_students_code_names_their_cell_and_line(notebooks):
     proc = run_check(notebooks["if_mask"])
     assert proc.returncode == 1

@@ -181,6 +181,43 @@ def test_changes_to_shared_code_are_seen_by_their_effect():
     assert not any("manual_seed" in f or "AdamW" in f for f in found), found
 
 
+class _EqualToEverything:
+    """A stand-in that says it equals whatever it is compared with."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+    def __call__(self, *a, **k):
+        return True
+
+
+def test_snapshots_taken_one_after_another_see_what_changed_in_between():
+    """The re-check takes each snapshot from the one before (classes of an unchanged module
+    are not looked for again): a class added later is watched from then on, and a stand-in
+    that claims to equal everything is still a replacement (identities are compared)."""
+    import numpy
+    from firstprinciples.grading import observe
+
+    first = observe.snapshot()
+    saved = numpy.allclose
+    numpy.Planted = type("Planted", (), {"__module__": "numpy", "method": lambda self: 1})
+    try:
+        second = observe.snapshot(first)
+        assert "numpy.Planted was added" in observe.changes(first, second)
+        numpy.Planted.method = lambda self: 2
+        numpy.allclose = _EqualToEverything()
+        third = observe.snapshot(second)
+        found = observe.changes(second, third)
+        assert "numpy.Planted.method was replaced" in found, found
+        assert "numpy.allclose was replaced" in found, found
+        assert observe.changes(third, observe.snapshot(third)) == []  # nothing since
+    finally:
+        numpy.allclose = saved
+        del numpy.Planted
+
+
 # Names a course cell binds that are still the student's work: the capstone's `model` is built
 # and trained by a locked cell from the student's StudentGPT.
 PROBED_COURSE_NAMES = {"capstone": {"model"}}

@@ -85,6 +85,7 @@ def check(path: Path, timeout: int = 120) -> int:
     import nbformat
     from nbgrader import utils
 
+    from . import warm
     from .execute import RobustExecute
 
     try:
@@ -108,7 +109,10 @@ def check(path: Path, timeout: int = 120) -> int:
     print(f"Running {path} in a fresh kernel...", flush=True)
     config, folder, extra = _kernel_config()
     try:
-        RobustExecute(timeout=timeout, config=config, extra_arguments=extra).preprocess(
+        # (named here: nbgrader's Execute passes jupyter_client's own manager to its base class,
+        # which outranks any default of a subclass)
+        RobustExecute(timeout=timeout, config=config, extra_arguments=extra,
+                      kernel_manager_class=warm.WarmKernelManager).preprocess(
             nb, {"metadata": {"path": str(path.parent.resolve())}})
     finally:
         if folder:

@@ -42,7 +42,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
-from traitlets import Bool, Float, Integer, default
+from traitlets import Bool, Float, Integer
 
 from . import probes, sandbox, sanitize, scan, trusted, warm
 
@@ -63,12 +63,6 @@ class RobustExecute(Execute):
     notebook_timeout = Integer(300, help="Seconds of cell execution one notebook may use; later cells are not run.").tag(config=True)
     recheck_timeout = Float(300.0, help="Seconds the trusted re-check of one notebook may use in all.").tag(config=True)
     recheck_piece_timeout = Float(45.0, help="Seconds the trusted re-check may spend on one piece.").tag(config=True)
-
-    @default("kernel_manager_class")
-    def _warm_kernels(self):
-        # Kernels forked from a warm template (firstprinciples.grading.warm); nbgrader_config.py
-        # names GraderBoundKernelManager, a subclass, for grading.
-        return warm.WarmKernelManager
 
     # ------------------------------------------------------------ output cap
     def _count(self, cell_index: int, msg: dict) -> bool:

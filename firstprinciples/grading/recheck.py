@@ -116,15 +116,17 @@ def main() -> None:
     namespace["get_ipython"] = lambda: shell
     shell = Shell(namespace)
 
-    def snapshot():
+    def snapshot(previous=None):
         try:
-            return observe.snapshot()
+            return observe.snapshot(previous if isinstance(previous, observe.Snapshot) else None)
         except Exception as e:  # the shared modules were changed into something that cannot be read
-            return {"<unreadable>": {type(e).__name__: (0, 1)}}
+            return e
 
     def changes(before, after):
         try:
-            return observe.changes(before, after)
+            if isinstance(after, Exception):
+                raise after
+            return observe.changes(before, after) if isinstance(before, observe.Snapshot) else []
         except Exception as e:
             return [f"sys.modules could not be read any more ({type(e).__name__})"]
 
@@ -145,7 +147,7 @@ def main() -> None:
             errors.append({"cell": cell["label"], "error": f"it did not finish within {limit:g} s and was interrupted"})
         except BaseException as e:  # noqa: B036 (a cell's SystemExit or KeyboardInterrupt too)
             errors.append({"cell": cell["label"], "error": f"{type(e).__name__}: {str(e)[:300]}"})
-        after = snapshot()
+        after = snapshot(before)
         found = changes(before, after)
         if found:
             changed.append({"cell": cell["label"], "changes": found[:20]})
@@ -161,7 +163,7 @@ def main() -> None:
             result = runtime.report(namespace, name, piece["cases"], codes.get(name))
         except BaseException as e:  # noqa: B036 (the runner itself was broken by the student's code)
             result = {"name": name, "broken": f"{type(e).__name__}: {str(e)[:300]}"}
-        after = snapshot()
+        after = snapshot(before)
         found = changes(before, after)
         before = after
         result["changes"] = found[:20]
