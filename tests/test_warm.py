@@ -177,6 +177,38 @@ def test_a_kernel_that_exits_is_seen_dead_and_cannot_touch_the_template():
     assert template.poll() is None, "a kernel killed the template"
 
 
+@needs_bwrap
+@needs_linux
+def test_a_client_is_ready_at_once_and_misses_nothing_of_the_first_cell():
+    """``ReadyKernelClient`` ends its wait at the kernel's idle status, not after 0.2 s of
+    silence on IOPub: the first cell's output still arrives whole, start after start."""
+    async def main():
+        outputs = []
+        for i in range(3):
+            k = await Kernel("fp-sandbox").start()
+            assert isinstance(k.kc, warm.ReadyKernelClient)
+            outputs.append(await k.run(f"print('first', {i})\nprint('second', {i})"))
+            await k.stop()
+        return outputs
+
+    assert asyncio.run(main()) == [f"first {i}\nsecond {i}" for i in range(3)]
+
+
+def test_a_client_without_a_kernel_is_not_ready():
+    """A kernel that never answers is reported, as jupyter_client reports it."""
+    async def main():
+        kc = warm.ReadyKernelClient(ip="127.0.0.1", shell_port=1, iopub_port=2, stdin_port=3, control_port=4,
+                                    hb_port=5)
+        kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=3)
+        finally:
+            kc.stop_channels()
+
+    with pytest.raises(RuntimeError, match="Kernel died|didn't respond"):
+        asyncio.run(main())
+
+
 @needs_linux
 def test_an_unsandboxed_warm_kernel_and_its_children_end_with_it(tmp_path):
     """The students' check command: no sandbox, but the same start and the same end."""

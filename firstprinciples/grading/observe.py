@@ -110,6 +110,25 @@ def forbidden_python(torch_patterns=(), pieces=()) -> dict:
 
 
 _FORBIDDEN: dict = {}
+_NN_FUNCTIONS: dict = {}  # loaded torch.nn modules -> their functions
+
+
+def _torch_nn_functions() -> list:
+    """(code key, qualified name) of every Python function that torch.nn's loaded modules
+    (and torch.functional) define, their classes' methods included; looked for once for all
+    the pieces' patterns, again only when another such module has been loaded."""
+    names = tuple(n for n, m in list(sys.modules.items())
+                  if m is not None and (n == "torch.functional" or n.startswith("torch.nn")))
+    if names not in _NN_FUNCTIONS:
+        found = []
+        for name in names:
+            for value in list(vars(sys.modules[name]).values()):
+                for f in _functions(value):
+                    if f.__module__ == name:
+                        found.append((_code_key(f.__code__), f"{f.__module__}.{f.__qualname__}"))
+        _NN_FUNCTIONS.clear()
+        _NN_FUNCTIONS[names] = found
+    return _NN_FUNCTIONS[names]
 
 
 def _forbidden_python(torch_patterns, pieces) -> dict:
@@ -117,14 +136,9 @@ def _forbidden_python(torch_patterns, pieces) -> dict:
 
     out = {}
     if torch_patterns:
-        for name, module in list(sys.modules.items()):
-            if module is None or not (name == "torch.functional" or name.startswith("torch.nn")):
-                continue
-            for attr, value in list(vars(module).items()):
-                for f in _functions(value):
-                    qual = f"{f.__module__}.{f.__qualname__}"
-                    if f.__module__ == name and any(p in qual for p in torch_patterns):
-                        out[_code_key(f.__code__)] = qual
+        for key, qual in _torch_nn_functions():
+            if any(p in qual for p in torch_patterns):
+                out[key] = qual
     folder = os.path.dirname(reference.__file__) + os.sep
     for piece in pieces:
         obj = getattr(reference, piece, None)
