@@ -290,3 +290,45 @@ def test_a_dead_template_is_replaced(tmp_path):
     first, kind, out = asyncio.run(main())
     assert kind == "WarmProcess" and out == "42"
     assert warm.Template.get(False) is not first
+
+
+@needs_linux
+def test_templates_started_ahead_serve_the_workers_that_adopt_them():
+    """The grader starts one template per worker before it forks them (its imports then
+    overlap the grader's own): each worker uses its own, a dead one is seen dead although it
+    is not the worker's child, and each ends with its worker."""
+    warm.Template.start_ahead(2, False, {"OMP_NUM_THREADS": "1"})
+    ahead = [t.proc.pid for t in warm.Template._ahead]
+    results, workers = [], []
+    for w in range(2):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # a worker: report what it sees, never return into pytest
+            code = 1
+            try:
+                warm.Template.adopt(w)
+                mine = warm.Template.get(False)
+                seen = [mine.proc.pid == ahead[w], mine.alive()]
+                if w == 1:  # its template killed: seen dead, and replaced by one of its own
+                    os.kill(mine.proc.pid, signal.SIGKILL)
+                    deadline = time.monotonic() + 10
+                    while mine.alive() and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    fresh = warm.Template.get(False)
+                    seen += [not mine.alive(), fresh is not mine and fresh.alive()]
+                    fresh.close()
+                os.write(write, json.dumps(seen).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        workers.append((pid, read))
+    procs = warm.Template.hand_over()
+    for pid, read in workers:
+        with os.fdopen(read) as f:
+            results.append(json.loads(f.read() or "[]"))
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert results == [[True, True], [True, True, True, True]], results
+    for proc in procs:  # their sockets closed with their workers: they end
+        proc.wait(timeout=30)
+    assert warm.Template._ahead == []

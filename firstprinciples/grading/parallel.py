@@ -72,6 +72,7 @@ import shutil
 import signal
 import socket
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import threading
@@ -90,7 +91,9 @@ from traitlets import Bool, Float, Integer, default
 
 from . import gradelog, sharedqueue
 from .sandbox import sweep_cgroups
+from .warm import Template as WarmTemplate
 from .warm import WarmKernelManager
+from .warm import available as warm_available
 
 MARKER = ".fp-grading-incomplete"
 SHARD_ENV = "FP_GRADING_SHARD"
@@ -393,11 +396,13 @@ class ParallelAutograde(Autograde):
         threads = str(threads_per_worker(workers))
         self.log.info("Grading %d submissions with %d workers (%s thread(s) each)",
                       len(submissions), workers, threads)
-        # What every worker needs is loaded once, here, and shared by fork: a worker then
+        # Each worker's template (warm.py) starts now, so that its imports overlap these:
+        # what every worker needs is loaded once, here, and shared by fork, so that a worker
         # starts grading at once instead of paying for `python -m nbgrader` and torch again.
+        self._start_templates(workers, threads)
         from . import probes, trusted  # noqa: F401
         probes.load()
-        pids, pipes, pumps, errors, previous = [], [], [], {}, {}
+        pids, pipes, pumps, errors, previous, templates = [], [], [], {}, {}, []
         try:
             # A plain `kill` (SIGTERM) or a hang-up of this process stops the workers too.
             for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -413,6 +418,7 @@ class ParallelAutograde(Autograde):
                 os.close(write)
                 pids.append(pid)
                 pipes.append(read)
+            templates = WarmTemplate.hand_over()
             for w, read in enumerate(pipes):
                 errors[w] = []
                 pump = threading.Thread(target=self._pump, args=(read, f"[grader {w + 1}/{workers}] ", errors[w],
@@ -430,6 +436,7 @@ class ParallelAutograde(Autograde):
                 signal.signal(sig, handler)
             for pump in pumps:
                 pump.join(timeout=10)
+            self._reap_templates(templates or WarmTemplate.hand_over())
 
         failed = [w for w, code in enumerate(codes) if code != 0]
         if not failed:
@@ -445,10 +452,31 @@ class ParallelAutograde(Autograde):
         self.log.error(msg)
         raise NbGraderException(msg)
 
+    def _start_templates(self, workers: int, threads: str) -> None:
+        """One template for each worker, of the kind its kernels need, started ahead."""
+        if not warm_available():
+            return
+        sandboxed = self.config.get("Execute", {}).get("kernel_name") == "fp-sandbox"
+        try:
+            WarmTemplate.start_ahead(workers, sandboxed, {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
+        except OSError as e:  # (each worker then starts its own when it needs it)
+            self.log.warning("Could not start the kernels' templates ahead: %s", e)
+
+    @staticmethod
+    def _reap_templates(procs) -> None:
+        """The templates started ahead end with their workers (their sockets close): reap them."""
+        for proc in procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
     def _work(self, w: int, workers: int, shard: list, output: int, threads: str, target) -> None:
         """In a forked worker: grade ``shard`` with nbgrader's own loop, log into ``output``, exit."""
         code = 1
         try:
+            WarmTemplate.adopt(w)
             if sys.platform.startswith("linux"):  # die with the command, even on kill -9
                 _die_with(os.getppid())()
             for sig in (signal.SIGTERM, signal.SIGHUP):

@@ -89,19 +89,67 @@ class Template:
     """The grading process's template (started on first use; dies with this process)."""
 
     _current: dict = {}  # (pid of the owning process, sandboxed) -> Template
+    _ahead: list = []  # started ahead for the workers this process forks next (``start_ahead``)
 
     @classmethod
     def get(cls, sandboxed: bool) -> "Template":
         key = (os.getpid(), sandboxed)
         t = cls._current.get(key)
-        if t is None or t.proc.poll() is not None:
+        if t is None or not t.alive():
             t = cls._current[key] = cls(sandboxed)
         return t
+
+    @classmethod
+    def start_ahead(cls, count: int, sandboxed: bool, env: dict) -> None:
+        """Start ``count`` templates now, one for each worker this process is about to fork
+        (each worker takes its own with ``adopt``), with ``env`` set as the workers will
+        have it: their imports then overlap this process's own, instead of following them."""
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            cls._ahead = [cls(sandboxed) for _ in range(count)]
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    @classmethod
+    def adopt(cls, index: int) -> None:
+        """In worker ``index``, just forked: the template started ahead for it is its own; its
+        copies of the others' sockets are closed (a template ends when its worker does)."""
+        ahead, cls._ahead = cls._ahead, []
+        for i, t in enumerate(ahead):
+            if i == index:
+                t._child = False  # (a child of the forking process, not of this one)
+                cls._current[(os.getpid(), t.sandboxed)] = t
+            else:
+                t.sock.close()
+
+    @classmethod
+    def hand_over(cls) -> list:
+        """In the forking process, once the workers are forked: close its copies of the
+        sockets of the templates started ahead; return their processes (to be reaped)."""
+        ahead, cls._ahead = cls._ahead, []
+        for t in ahead:
+            t.sock.close()
+        return [t.proc for t in ahead]
+
+    def alive(self) -> bool:
+        if self._child:
+            return self.proc.poll() is None
+        try:  # not a child of this process: poll() cannot see it; a dead one is a zombie
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except (OSError, IndexError):
+            return False
 
     def __init__(self, sandboxed: bool):
         from .sandbox import sandbox_env
 
         self.sandboxed = sandboxed
+        self._child = True
         self._lock = threading.Lock()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         parent = os.getpid()
@@ -150,9 +198,10 @@ class Template:
         try:
             self.sock.close()
         finally:
-            if self.proc.poll() is None:
+            if self.alive():
                 self.proc.kill()
-                self.proc.wait()
+                if self._child:
+                    self.proc.wait()
             for key, t in list(Template._current.items()):
                 if t is self:
                     del Template._current[key]
