@@ -104,16 +104,7 @@ class Template:
         """Start ``count`` templates now, one for each worker this process is about to fork
         (each worker takes its own with ``adopt``), with ``env`` set as the workers will
         have it: their imports then overlap this process's own, instead of following them."""
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            cls._ahead = [cls(sandboxed) for _ in range(count)]
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        cls._ahead = [cls(sandboxed, env) for _ in range(count)]
 
     @classmethod
     def adopt(cls, index: int) -> None:
@@ -145,7 +136,7 @@ class Template:
         except (OSError, IndexError):
             return False
 
-    def __init__(self, sandboxed: bool):
+    def __init__(self, sandboxed: bool, env: dict | None = None):
         from .sandbox import sandbox_env
 
         self.sandboxed = sandboxed
@@ -153,9 +144,9 @@ class Template:
         self._lock = threading.Lock()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         parent = os.getpid()
-        # The template's environment is the sandbox's own, so that whatever torch reads from
-        # the environment at import is what a cold sandboxed kernel would read.
-        env = sandbox_env() if sandboxed else dict(os.environ)
+        # The template's environment is the sandbox's own (with ``env``: what the grader's workers
+        # set), so that whatever torch reads from it at import is what a cold kernel would read.
+        env = {**(sandbox_env() if sandboxed else os.environ), **(env or {})}
         env.update({"PATH": os.environ.get("PATH", os.defpath), "FP_WARM_SOCKET": str(theirs.fileno()),
                     "PYDEVD_DISABLE_FILE_VALIDATION": "1"})  # (the debugger's banner, printed at its import)
         if sandboxed:
