@@ -392,11 +392,18 @@ VOLATILE = ("torch.nn.modules.module", "torch._tensor_str", "torch.random", "tor
 
 def changes(before: Snapshot, after: Snapshot) -> list[str]:
     """What was replaced, removed or added between two snapshots (``torch.exp was replaced``)."""
+    import gc
     import warnings
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # looking at a deprecated attribute warns
-        return _changes(before, after)
+    collecting = gc.isenabled()
+    gc.disable()  # (as in a snapshot: what it allocates would make the collector walk both snapshots)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # looking at a deprecated attribute warns
+            return _changes(before, after)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _changes(before: Snapshot, after: Snapshot) -> list[str]:
