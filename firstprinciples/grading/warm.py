@@ -58,6 +58,8 @@ import sys
 import threading
 import time
 
+from traitlets import default
+
 COLD_ENV = "FP_GRADING_COLD"
 # What the template imports once: what every kernel and every re-check imports anyway.
 # (Not matplotlib: its backend is chosen at import time, and a kernel sets it first.)
@@ -346,8 +348,6 @@ def kernel_request(kernel_cmd: list[str]) -> dict | None:
     return None
 
 
-from traitlets import default
-
 try:
     from jupyter_client.asynchronous import AsyncKernelClient
     from jupyter_client.manager import AsyncKernelManager
@@ -362,20 +362,20 @@ class ReadyKernelClient(AsyncKernelClient):
     carries a message, then empties IOPub until it has been silent for 0.2 s: every kernel
     start waited those 0.2 s (a warm kernel is up in 60 ms). Here the wait ends at the last
     message the kernel sends for that request, its "idle" status on IOPub, which also shows
-    that IOPub is connected; as there, a request without it (IOPub not subscribed yet) is
-    asked again."""
+    that IOPub is connected; as there, a request without it within 0.2 s (IOPub not
+    subscribed yet) is asked again."""
 
     async def wait_for_ready(self, timeout: float | None = None) -> None:
         deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
-        # ipykernel greets each IOPub subscriber (iopub_welcome): once it has, the statuses of
-        # the request below cannot be missed (a kernel without the greeting is asked as before)
-        await self._message_for(self.iopub_channel, None, 1.0, lambda m: m["msg_type"] == "iopub_welcome")
         while True:
             msg_id = self.kernel_info()
             reply = await self._message_for(self.shell_channel, msg_id, 1.0, lambda m: m["msg_type"] == "kernel_info_reply")
-            if reply is not None and await self._message_for(
-                    self.iopub_channel, msg_id, 0.2,
-                    lambda m: m["msg_type"] == "status" and m["content"].get("execution_state") == "idle"):
+            # Its idle status; or ipykernel's greeting of a new IOPub subscriber (ipykernel 7),
+            # after which the statuses cannot be missed: the request is then asked again at once.
+            seen = reply and await self._message_for(self.iopub_channel, None, 0.2, lambda m: (
+                m["msg_type"] == "status" and m["content"].get("execution_state") == "idle"
+                and m.get("parent_header", {}).get("msg_id") == msg_id) or m["msg_type"] == "iopub_welcome")
+            if seen and seen["msg_type"] == "status":
                 self._handle_kernel_info_reply(reply)
                 return
             if not await self._async_is_alive():
