@@ -251,8 +251,11 @@ def test_only_the_command_line_fans_out():
     assert not looks_like_cli(["/usr/bin/jupyter-lab"])  # formgrader: the Python API
     assert not looks_like_cli(["/usr/local/bin/nbgrader", "generate_feedback", "ps1"])
     assert [shard_of(i, 3) for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
-    assert threads_per_worker(2, cores=2) == 1 and threads_per_worker(3, cores=2) == 1
-    assert threads_per_worker(2, cores=8) == 4
+    assert threads_per_worker(2, cores=2, limit="") == 1 and threads_per_worker(3, cores=2, limit="") == 1
+    assert threads_per_worker(2, cores=8, limit="") == 4
+    # an OMP_NUM_THREADS the grader was started with caps each worker's share (never raises it)
+    assert threads_per_worker(2, cores=8, limit="2") == 2 and threads_per_worker(2, cores=8, limit="16") == 4
+    assert threads_per_worker(1, cores=2, limit="junk") == 2
 
 
 def test_a_student_inserted_by_another_worker_at_the_same_moment_is_found(tmp_path, monkeypatch):

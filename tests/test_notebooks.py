@@ -7,7 +7,10 @@ exits 0, so it cannot be used to fail a test).
 """
 import nbformat
 import pytest
+from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, Execute
 from nbgrader.validator import Validator
+
+from firstprinciples.grading import warm
 
 from course import (
     answer_cells, defined_names, grade_cells, nbgrader_meta, rel, released_notebooks, source_notebooks,
@@ -42,8 +45,19 @@ def test_source_notebook_structure(path):
         assert item in header, f"the exercise header lacks '{item}'"
 
 
+class _WarmExecute(Execute):
+    """nbgrader's Execute with kernels forked from the grader's warm template (a fresh
+    interpreter each, with torch imported once per test process, as the check command has):
+    named in ``__init__`` because Execute's own ``__init__`` names jupyter_client's manager."""
+
+    def __init__(self, **kw):
+        kw.setdefault("kernel_manager_class", warm.WarmKernelManager)
+        super().__init__(**kw)
+
+
 def _validate(path):
-    return Validator(ignore_checksums=True).validate(str(path))
+    validator = Validator(ignore_checksums=True, preprocessors=[ClearOutput, CheckCellMetadata, _WarmExecute])
+    return validator.validate(str(path))
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=rel)

@@ -221,9 +221,13 @@ def shard_of(index: int, workers: int) -> int:
     return index % workers
 
 
-def threads_per_worker(workers: int, cores: int | None = None) -> int:
+def threads_per_worker(workers: int, cores: int | None = None, limit: str | None = None) -> int:
+    """Threads for each worker's torch: the cores shared out, but never more than an
+    ``OMP_NUM_THREADS`` the grader was started with (``limit``; default: the environment's)."""
     cores = cores or os.cpu_count() or 1
-    return max(1, cores // max(1, workers))
+    share = max(1, cores // max(1, workers))
+    limit = os.environ.get("OMP_NUM_THREADS", "") if limit is None else limit
+    return min(share, int(limit)) if limit.strip().isdigit() and int(limit) > 0 else share
 
 
 def looks_like_cli(argv: list[str]) -> bool:
