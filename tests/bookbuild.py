@@ -56,6 +56,17 @@ def built_book(tmp_path_factory) -> Path:
     return out / "_build" / "html"
 
 
+def settle(page) -> None:
+    """Wait, after the load event, until the page is as a reader sees it: MathJax's first
+    typesetting done (on pages that load MathJax; its script is deferred, so it has run by the
+    load event) and every web font the page asked for loaded. Playwright's "networkidle"
+    instead waits for 500 ms without a request on every page (0.5 s of the 1.2 s a visit takes)."""
+    page.evaluate("""async () => {
+        if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+        await document.fonts.ready;
+    }""")
+
+
 @contextmanager
 def browser_on(html: Path):
     """(Chromium, the address of ``html`` served over HTTP on the loopback)."""

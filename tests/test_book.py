@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from bookbuild import browser_on, built_book, toc_files
+from bookbuild import browser_on, built_book, settle, toc_files
 from course import ROOT, released_notebooks
 
 SCREENSHOTS = ROOT / "_build" / "screenshots"
@@ -160,7 +160,7 @@ def _open(browser, path):
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on("request", lambda r: foreign.append(r.url) if not r.url.startswith(base) and not r.url.startswith("data:") else None)
     page.goto(f"{base}/{path}", wait_until="load")
-    page.wait_for_load_state("networkidle")
+    settle(page)
     return page, errors, foreign
 
 
