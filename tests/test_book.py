@@ -8,7 +8,6 @@ with the execution cache shared with the README's build (`_build/.jupyter_cache`
 import html as html_lib
 import json
 import re
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -16,7 +15,6 @@ import pytest
 from bookbuild import browser_on, built_book, settle, toc_files
 from course import ROOT, released_notebooks
 
-SCREENSHOTS = ROOT / "_build" / "screenshots"
 
 
 @pytest.fixture(scope="module")
@@ -162,31 +160,6 @@ def _open(browser, path):
     page.goto(f"{base}/{path}", wait_until="load")
     settle(page)
     return page, errors, foreign
-
-
-@pytest.mark.parametrize("doc", toc_files())
-def test_page_in_browser(browser, doc):
-    page, errors, foreign = _open(browser, f"{doc}.html")
-    try:
-        has_math = page.locator("div.math, span.math").count() > 0
-        if has_math:
-            page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20000)
-            page.evaluate("() => MathJax.startup.promise")
-            assert page.locator("mjx-container").count() > 0, "MathJax rendered nothing"
-        main_text = page.locator("main").inner_text()
-        assert "$$" not in main_text and "\\frac" not in main_text, "raw TeX left on the page"
-        images = page.evaluate(
-            "() => Array.from(document.querySelectorAll('main img')).map(i => [i.src, i.complete && i.naturalWidth > 0])"
-        )
-        broken = [src for src, ok in images if not ok]
-        assert not broken, f"images that did not load: {broken}"
-        assert not errors, f"console errors: {errors}"
-        assert not foreign, f"requests to other hosts: {foreign}"
-        if doc.startswith("chapters/"):
-            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(SCREENSHOTS / f"{Path(doc).name}.png"), full_page=True)
-    finally:
-        page.close()
 
 
 def test_navigation_links_every_chapter(browser):

@@ -1,4 +1,5 @@
-"""The book as a reader sees it, in Chromium: one story, the same numbers on every
+"""The book as a reader sees it, in Chromium: every page whole (formulas typeset, images
+loaded, no console error, nothing from another host), one story, the same numbers on every
 page, blocks and figures that fit and stay readable at 1280 px and 390 px, folded
 plotting code, math as written, one search box, and no accessibility violation
 (axe-core) caused by the course's own pages or extensions.
@@ -40,9 +41,17 @@ def browser(html):
         yield b
 
 
-def _open(browser, path, width=1280):
+def _open(browser, path, width=1280, seen=None):
+    """Open a page at ``width``; with a dict ``seen``, its "errors" (console errors and
+    uncaught exceptions) and "foreign" (requests to any other host) are collected into it."""
     b, base = browser
     page = b.new_page(viewport={"width": width, "height": 900})
+    if seen is not None:
+        seen.update(errors=[], foreign=[])
+        page.on("console", lambda m: seen["errors"].append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: seen["errors"].append(str(e)))
+        page.on("request", lambda r: seen["foreign"].append(r.url)
+                if not r.url.startswith(base) and not r.url.startswith("data:") else None)
     page.goto(f"{base}/{path}", wait_until="load")
     settle(page)
     return page
@@ -51,32 +60,45 @@ def _open(browser, path, width=1280):
 BODY_JS = "() => document.querySelector('main').scrollWidth - document.querySelector('main').clientWidth"
 MATH_JS = """() => document.querySelector('div.math, span.math') === null ? null
   : Array.from(document.querySelectorAll('mjx-assistive-mml')).map(n => n.textContent)"""
+SHOWN_JS = """() => ({
+  typeset: document.querySelectorAll('mjx-container').length,
+  text: document.querySelector('main').innerText,
+  images: Array.from(document.querySelectorAll('main img')).map(i => [i.src, i.complete && i.naturalWidth > 0]),
+})"""
+SCREENSHOTS = ROOT / "_build" / "screenshots"
 
 
 @pytest.fixture(scope="module")
 def views(browser):
     """What the reader's tests look at, one visit per page and width (a visit is most of their
     cost): at both widths, every chapter's and the introduction's blocks that overflow their
-    box and its figures; at 1280 px, its formulas as MathML text, and axe-core's violations on
-    every page of the book (when axe-core is installed; its test says why not otherwise)."""
+    box and its figures; at 1280 px, for every page of the book, its console errors, requests
+    to other hosts, typeset formulas, text and images, its formulas as MathML text, and
+    axe-core's violations (when axe-core is installed; its test says why not otherwise).
+    A full-page screenshot of every chapter at 1280 px goes to _build/screenshots/."""
     axe = _axe_file()
     out = {}
     for width in WIDTHS:
         docs = PAGES if width == 1280 else CHAPTERS + ["intro"]
         for doc in docs:
-            page = _open(browser, f"{doc}.html", width)
+            view: dict = {}
+            page = _open(browser, f"{doc}.html", width, seen=view)
             try:
-                view = {"overflow": page.evaluate(OVERFLOW_JS), "body": page.evaluate(BODY_JS)}
+                view.update(overflow=page.evaluate(OVERFLOW_JS), body=page.evaluate(BODY_JS))
                 if doc in CHAPTERS:
                     view["figures"] = page.evaluate(FIGURES_JS)
                 if width == 1280:
                     math = page.evaluate(MATH_JS)
                     view["has_math"], view["math"] = math is not None, math or []
+                    view.update(page.evaluate(SHOWN_JS))
                     if axe:
                         if doc == "chapters/explorer":
                             page.wait_for_selector("[data-fp-explorer][data-ready='true']", timeout=20000)
                         page.add_script_tag(path=str(axe))
                         view["axe"] = page.evaluate(AXE_JS)
+                    if doc.startswith("chapters/"):
+                        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+                        page.screenshot(path=str(SCREENSHOTS / f"{Path(doc).name}.png"), full_page=True)
             finally:
                 page.close()
             out[width, doc] = view
@@ -88,6 +110,21 @@ def _main_text(html, doc):
     m = re.search(r"<main[^>]*>(.*)</main>", page, flags=re.S)
     text = re.sub(r"<[^>]+>", " ", m.group(1) if m else page)
     return re.sub(r"\s+", " ", text)
+
+
+# ---------------------------------------------------------------- every page loads whole
+@pytest.mark.parametrize("doc", PAGES)
+def test_page_in_browser(views, doc):
+    """Formulas typeset (no raw TeX left), every image loaded, no console error, and nothing
+    requested from another host."""
+    view = views[1280, doc]
+    if view["has_math"]:
+        assert view["typeset"] > 0, "MathJax rendered nothing"
+    assert "$$" not in view["text"] and "\\frac" not in view["text"], "raw TeX left on the page"
+    broken = [src for src, ok in view["images"] if not ok]
+    assert not broken, f"images that did not load: {broken}"
+    assert not view["errors"], f"console errors: {view['errors']}"
+    assert not view["foreign"], f"requests to other hosts: {view['foreign']}"
 
 
 # ---------------------------------------------------------------- one story
