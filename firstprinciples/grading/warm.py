@@ -425,7 +425,11 @@ class WarmKernelManager(AsyncKernelManager):
         if request is not None:
             null = os.open(os.devnull, os.O_RDONLY)
             try:
-                proc = launch("kernel", sandboxed=request["sandboxed"], fds=[null, 1, 2], argv=request["argv"],
+                # A sandboxed kernel (a student's code) writes its own stdout and stderr, which
+                # are not the notebook's outputs, nowhere: inherited, they were the grader's log,
+                # which the student's processes (a fork bomb's children, os.write) could flood.
+                out = [null, null] if request["sandboxed"] else [1, 2]
+                proc = launch("kernel", sandboxed=request["sandboxed"], fds=[null, *out], argv=request["argv"],
                               cwd="/tmp" if request["sandboxed"] else str(kw.get("cwd") or os.getcwd()),
                               binds=request["binds"], ro_binds=request["ro_binds"], env=kw.get("env"),
                               preexec=self._warm_preexec())
