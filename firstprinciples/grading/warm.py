@@ -425,9 +425,9 @@ class WarmKernelManager(AsyncKernelManager):
         if request is not None:
             null = os.open(os.devnull, os.O_RDONLY)
             try:
-                # A sandboxed kernel (a student's code) writes its own stdout and stderr, which
-                # are not the notebook's outputs, nowhere: inherited, they were the grader's log,
-                # which the student's processes (a fork bomb's children, os.write) could flood.
+                # What a sandboxed kernel (a student's code) writes to its own stdout and stderr,
+                # past IPython, is not the notebook's output and goes nowhere: inherited, those
+                # were the grader's log, which a fork bomb's children or os.write could flood.
                 out = [null, null] if request["sandboxed"] else [1, 2]
                 proc = launch("kernel", sandboxed=request["sandboxed"], fds=[null, *out], argv=request["argv"],
                               cwd="/tmp" if request["sandboxed"] else str(kw.get("cwd") or os.getcwd()),
