@@ -47,9 +47,10 @@ LOOPS_AFTER_DEF = "while True:\n    pass"
 HUGE_OUTPUT = "print('x' * 60_000_000)"  # 60 MB on one line
 
 SNOOP = """
-import os, socket
+import os, socket, sys
 os.write(1, b"FP-KERNEL-STDOUT" * 1000 + b"\\n")  # past IPython, into the kernel's own streams
 os.write(2, b"FP-KERNEL-STDERR" * 1000 + b"\\n")
+print("FP-KERNEL-ORIGINAL", file=sys.__stdout__, flush=True)
 _escaped = [p for p in {paths!r} if os.path.exists(p)]
 try:
     open({pwned!r}, "w").write("x")
@@ -187,6 +188,9 @@ def test_sandbox_hides_the_course_the_network_and_the_disk(graded):
     nb = nbformat.read(course / "autograded" / "snoops" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
     text = "".join(str(o.get("text", "")) for o in nb.cells[-1].outputs)
     assert "escaped: []" in text, f"the submission reached something it should not have: {text!r}"
+    # what it wrote to the kernel's own streams reaches its notebook (not the grading log)
+    for marker in ("FP-KERNEL-STDOUT", "FP-KERNEL-STDERR", "FP-KERNEL-ORIGINAL"):
+        assert marker in text, f"{marker} is missing from the notebook: {text[-300:]!r}"
     assert not (course / "pwned.txt").exists()
     assert graded[4] == [], "the sandboxed kernel reached a server on the host"
 

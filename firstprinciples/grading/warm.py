@@ -424,11 +424,14 @@ class WarmKernelManager(AsyncKernelManager):
         request = kernel_request(kernel_cmd) if available() else None
         if request is not None:
             null = os.open(os.devnull, os.O_RDONLY)
+            sink = os.open(os.devnull, os.O_WRONLY)
             try:
-                # What a sandboxed kernel (a student's code) writes to its own stdout and stderr,
-                # past IPython, is not the notebook's output and goes nowhere: inherited, those
-                # were the grader's log, which a fork bomb's children or os.write could flood.
-                out = [null, null] if request["sandboxed"] else [1, 2]
+                # A sandboxed kernel's own stdout and stderr (where ipykernel echoes what reaches
+                # its file descriptors, os.write and C code included, besides sending it to the
+                # notebook) go nowhere: inherited, they were the grader's log, which a fork
+                # bomb's children or a loop of os.write could flood. (Writable: a write there
+                # must succeed, not fail with EBADF.)
+                out = [sink, sink] if request["sandboxed"] else [1, 2]
                 proc = launch("kernel", sandboxed=request["sandboxed"], fds=[null, *out], argv=request["argv"],
                               cwd="/tmp" if request["sandboxed"] else str(kw.get("cwd") or os.getcwd()),
                               binds=request["binds"], ro_binds=request["ro_binds"], env=kw.get("env"),
@@ -443,6 +446,7 @@ class WarmKernelManager(AsyncKernelManager):
                 return
             finally:
                 os.close(null)
+                os.close(sink)
         return await super()._async_launch_kernel(kernel_cmd, **kw)
 
 
