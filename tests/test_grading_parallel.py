@@ -285,3 +285,60 @@ def test_a_student_inserted_by_another_worker_at_the_same_moment_is_found(tmp_pa
     assert len(calls) == 2
     with Gradebook(db) as gb:
         assert [s.id for s in gb.students] == ["ada"]
+
+
+ENGINE_CACHE_SCRIPT = r'''
+import json, os, sys
+import nbgrader.api as api
+from firstprinciples.grading.parallel import _EngineCache
+
+made = []
+real = api.create_engine
+api.create_engine = lambda *a, **k: made.append(a[0]) or real(*a, **k)
+_EngineCache.install()
+first, second = sys.argv[1], sys.argv[2]
+with api.Gradebook(first) as gb:
+    gb.add_student("ada")
+    engine = gb.engine
+with api.Gradebook(first) as gb, api.Gradebook(first) as nested:  # two sessions at once, one engine
+    same = gb.engine is engine and nested.engine is engine
+    gb.add_student("bob")
+    seen_by_nested = sorted(s.id for s in nested.students)
+with api.Gradebook(second) as gb:
+    other = gb.engine is not engine
+pid = os.fork()
+if pid == 0:  # a forked worker: an engine of its own, and its writes reach the parent's
+    code = 1
+    try:
+        before = len(made)
+        with api.Gradebook(first) as gb:
+            assert gb.engine is not engine and len(made) == before + 1
+            gb.add_student("cy")
+        code = 0
+    finally:
+        os._exit(code)
+child_ok = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+with api.Gradebook(first) as gb:
+    after_fork = gb.engine is engine
+    students = sorted(s.id for s in gb.students)
+print(json.dumps({"made": len(made), "same": same, "nested": seen_by_nested, "other": other,
+                  "child_ok": child_ok, "after_fork": after_fork, "students": students}))
+'''
+
+
+def test_one_database_engine_per_grading_process(tmp_path):
+    """While grading, a process's Gradebooks share one engine (nbgrader makes a dozen per
+    notebook, each listing the tables and compiling its queries afresh): writes are seen by
+    the next one, two at once work, another database gets its own, and a forked worker makes
+    its own without touching its parent's connections (the parent keeps using its engine)."""
+    import json
+    import subprocess
+    import sys
+
+    urls = [f"sqlite:///{tmp_path / name}" for name in ("gradebook.db", "other.db")]
+    proc = subprocess.run([sys.executable, "-c", ENGINE_CACHE_SCRIPT, *urls], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {"made": 2, "same": True, "nested": ["ada", "bob"], "other": True, "child_ok": True,
+                   "after_fork": True, "students": ["ada", "bob", "cy"]}, got

@@ -293,42 +293,62 @@ def test_a_dead_template_is_replaced(tmp_path):
 
 
 @needs_linux
-def test_templates_started_ahead_serve_the_workers_that_adopt_them():
-    """The grader starts one template per worker before it forks them (its imports then
-    overlap the grader's own): each worker uses its own, a dead one is seen dead although it
-    is not the worker's child, and each ends with its worker."""
+def test_one_template_started_ahead_serves_every_worker():
+    """The grader starts one template for all its workers before it forks them (its imports
+    then overlap the grader's own, and the command pays one interpreter's start-up, not one
+    per worker): each worker has a connection of its own to that one process and gets
+    processes forked from it, the template outlives a worker that ends while another still
+    uses it, a dead one is seen dead although it is not the worker's child and is replaced,
+    and it ends with the last of its workers."""
     warm.Template.start_ahead(2, False, {"OMP_NUM_THREADS": "1"})
-    ahead = [t.proc.pid for t in warm.Template._ahead]
-    results, workers = [], []
+    (template,) = {t.proc.pid for t in warm.Template._ahead}
+    workers = []
     for w in range(2):
         read, write = os.pipe()
+        go_r, go_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # a worker: report what it sees, never return into pytest
             code = 1
             try:
                 warm.Template.adopt(w)
                 mine = warm.Template.get(False)
-                seen = [mine.proc.pid == ahead[w], mine.alive()]
-                if w == 1:  # its template killed: seen dead, and replaced by one of its own
+                r, wr = os.pipe()
+                child = warm.launch("recheck", sandboxed=False, fds=[r, wr, wr], env={"PATH": os.defpath})
+                with open(f"/proc/{child.pid_inside}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                child.kill()
+                child.wait(timeout=30)
+                seen = [mine.proc.pid == template, mine.alive(), parent == template]
+                os.write(write, (json.dumps(seen) + "\n").encode())
+                if w == 1:  # once worker 0 has ended: the template killed, seen dead, replaced
+                    os.read(go_r, 1)
+                    seen = [mine.alive()]
                     os.kill(mine.proc.pid, signal.SIGKILL)
                     deadline = time.monotonic() + 10
                     while mine.alive() and time.monotonic() < deadline:
                         time.sleep(0.01)
                     fresh = warm.Template.get(False)
-                    seen += [not mine.alive(), fresh is not mine and fresh.alive()]
+                    seen += [not mine.alive(), fresh is not mine and fresh.alive() and fresh.proc.pid != template]
                     fresh.close()
-                os.write(write, json.dumps(seen).encode())
+                    os.write(write, (json.dumps(seen) + "\n").encode())
                 code = 0
             finally:
                 os._exit(code)
         os.close(write)
-        workers.append((pid, read))
+        os.close(go_r)
+        workers.append((pid, os.fdopen(read), go_w))
     procs = warm.Template.hand_over()
-    for pid, read in workers:
-        with os.fdopen(read) as f:
-            results.append(json.loads(f.read() or "[]"))
-        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-    assert results == [[True, True], [True, True, True, True]], results
-    for proc in procs:  # their sockets closed with their workers: they end
-        proc.wait(timeout=30)
+    assert [p.pid for p in procs] == [template]
+    first = [json.loads(f.readline() or "[]") for _, f, _ in workers]
+    assert first == [[True, True, True]] * 2, first
+    assert os.waitstatus_to_exitcode(os.waitpid(workers[0][0], 0)[1]) == 0
+    assert procs[0].poll() is None, "the template ended with its first worker while the second still used it"
+    os.write(workers[1][2], b"x")
+    second = json.loads(workers[1][1].readline() or "[]")
+    assert second == [True, True, True], second
+    assert os.waitstatus_to_exitcode(os.waitpid(workers[1][0], 0)[1]) == 0
+    for _, f, go in workers:
+        f.close()
+        os.close(go)
+    procs[0].wait(timeout=30)
     assert warm.Template._ahead == []

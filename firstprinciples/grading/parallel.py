@@ -118,6 +118,62 @@ def _sqlite_busy_timeout(dbapi_connection, _record):
         cursor.close()
 
 
+class _EngineCache:
+    """One database engine per grading process, not one per ``Gradebook()``.
+
+    nbgrader opens the gradebook a dozen times per notebook (``with Gradebook(url)``), and
+    each time makes a new SQLAlchemy engine, lists the tables, runs ``create_all`` and
+    compiles every query afresh (an engine's compiled-query cache dies with it). While an
+    ``nbgrader autograde`` grades, the first ``Gradebook`` of a process does all that; the
+    later ones of the same process reuse its engine (its connection pool and compiled
+    queries), each with a session of its own, and ``close`` returns their connections to the
+    pool instead of disposing of the engine. A forked worker never uses its parent's engine
+    (the cache is per process id) and drops its inherited copies without closing their
+    connections (which are the parent's: closing a PostgreSQL one would end its session)."""
+
+    _engines: dict = {}  # (pid, url) -> engine
+    _original = None
+
+    @classmethod
+    def install(cls) -> None:
+        import nbgrader.api as api
+
+        if cls._original is not None:
+            return
+        cls._original = (api.Gradebook.__init__, api.Gradebook.close)
+        original_init, original_close = cls._original
+        os.register_at_fork(after_in_child=cls._forget_inherited)
+
+        def init(gb, db_url, course_id="default_course", authenticator=None):
+            key = (os.getpid(), db_url)
+            engine = cls._engines.get(key)
+            if engine is None:
+                original_init(gb, db_url, course_id=course_id, authenticator=authenticator)
+                cls._engines[key] = gb.engine
+                return
+            from sqlalchemy.orm import scoped_session, sessionmaker
+
+            gb.engine = engine
+            gb.db = scoped_session(sessionmaker(autoflush=True, bind=engine, future=True))
+            gb.check_course(course_id=course_id)
+            gb.course_id = course_id
+            gb.authenticator = authenticator
+
+        def close(gb):
+            if any(engine is gb.engine for engine in cls._engines.values()):
+                gb.db.remove()  # the connection goes back to the pool; the engine stays
+            else:
+                original_close(gb)
+
+        api.Gradebook.__init__, api.Gradebook.close = init, close
+
+    @classmethod
+    def _forget_inherited(cls) -> None:
+        for engine in cls._engines.values():
+            engine.dispose(close=False)  # (the parent's connections: never closed from here)
+        cls._engines = {}
+
+
 # ---------------------------------------------------------------- kernels
 _PR_SET_PDEATHSIG = 1
 
@@ -318,6 +374,7 @@ class ParallelAutograde(Autograde):
         return workers > 1 and not os.environ.get(SHARD_ENV) and looks_like_cli(sys.argv) and hasattr(os, "fork")
 
     def convert_notebooks(self) -> None:
+        _EngineCache.install()
         if os.environ.get(SHARD_ENV):  # a worker of this round (forked): the command keeps the log
             return self._convert()
         self._start_log()

@@ -2,7 +2,8 @@
 
 Starting an interpreter and importing torch, numpy, IPython and the course package
 costs about two seconds of CPU; the cells of a solution notebook take a tenth of
-that. So each grading process (and each student's check command) starts one
+that. So each grading command (shared by all its workers, each with a connection of its
+own) and each student's check command starts one
 **template** (``python -m firstprinciples.grading.warm``): a process that does those
 imports and then only waits for requests. It never runs student code, never
 creates a thread, a zmq context or an event loop, and never sees a notebook.
@@ -33,7 +34,7 @@ run), in a sandbox of its own: one student's kernel shares no process, no
 nothing is shared back). What differs from a cold start, and why it does not
 matter: the modules are already imported (a cold kernel imports the same ones
 at its first cell), ``hash()``'s seed is the template's (fixed per grading
-process instead of per notebook), ``sys.flags.safe_path`` is set, and the objects
+command instead of per notebook), ``sys.flags.safe_path`` is set, and the objects
 the template made are frozen out of the garbage collector's generations
 (``gc.freeze``: a collection walks only what the kernel made; ``gc.get_objects()``
 does not list them).
@@ -103,15 +104,17 @@ class Template:
 
     @classmethod
     def start_ahead(cls, count: int, sandboxed: bool, env: dict) -> None:
-        """Start ``count`` templates now, one for each worker this process is about to fork
-        (each worker takes its own with ``adopt``), with ``env`` set as the workers will
-        have it: their imports then overlap this process's own, instead of following them."""
-        cls._ahead = [cls(sandboxed, env) for _ in range(count)]
+        """Start one template now for the ``count`` workers this process is about to fork, with
+        ``env`` set as the workers will have it: its imports then overlap this process's own,
+        instead of following them. It has a socket for each worker (each takes its own with
+        ``adopt``) and serves them all: one interpreter's start-up for the whole command,
+        not one per worker. It ends when the last of its workers has."""
+        cls._ahead = cls(sandboxed, env, connections=count).handles
 
     @classmethod
     def adopt(cls, index: int) -> None:
-        """In worker ``index``, just forked: the template started ahead for it is its own; its
-        copies of the others' sockets are closed (a template ends when its worker does)."""
+        """In worker ``index``, just forked: its connection to the template started ahead is its
+        own; its copies of the other workers' sockets are closed."""
         ahead, cls._ahead = cls._ahead, []
         for i, t in enumerate(ahead):
             if i == index:
@@ -123,11 +126,11 @@ class Template:
     @classmethod
     def hand_over(cls) -> list:
         """In the forking process, once the workers are forked: close its copies of the
-        sockets of the templates started ahead; return their processes (to be reaped)."""
+        sockets of the template started ahead; return its process (to be reaped)."""
         ahead, cls._ahead = cls._ahead, []
         for t in ahead:
             t.sock.close()
-        return [t.proc for t in ahead]
+        return list({id(t.proc): t.proc for t in ahead}.values())
 
     def alive(self) -> bool:
         if self._child:
@@ -138,18 +141,24 @@ class Template:
         except (OSError, IndexError):
             return False
 
-    def __init__(self, sandboxed: bool, env: dict | None = None):
-        from .sandbox import sandbox_env
-
+    def __init__(self, sandboxed: bool, env: dict | None = None, connections: int = 1, _proc=None, _sock=None):
+        """Start a template with ``connections`` sockets: this object uses the first, and
+        ``handles`` lists one object per socket, all of the same process."""
         self.sandboxed = sandboxed
         self._child = True
         self._lock = threading.Lock()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        if _proc is not None:  # another connection to a template already started
+            self.proc, self.sock, self.handles = _proc, _sock, [self]
+            return
+        from .sandbox import sandbox_env
+
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(max(1, connections))]
         parent = os.getpid()
         # The template's environment is the sandbox's own (with ``env``: what the grader's workers
         # set), so that whatever torch reads from it at import is what a cold kernel would read.
         env = {**(sandbox_env() if sandboxed else os.environ), **(env or {})}
-        env.update({"PATH": os.environ.get("PATH", os.defpath), "FP_WARM_SOCKET": str(theirs.fileno()),
+        theirs = [t.fileno() for _, t in pairs]
+        env.update({"PATH": os.environ.get("PATH", os.defpath), "FP_WARM_SOCKET": ",".join(map(str, theirs)),
                     "PYDEVD_DISABLE_FILE_VALIDATION": "1"})  # (the debugger's banner, printed at its import)
         if sandboxed:
             env.pop("FP_SANDBOXED", None)  # the template itself is not in a sandbox
@@ -161,11 +170,13 @@ class Template:
                 os._exit(1)
 
         self.proc = subprocess.Popen([sys.executable, "-P", "-m", "firstprinciples.grading.warm"],
-                                     stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()], env=env, cwd="/",
+                                     stdin=subprocess.DEVNULL, pass_fds=theirs, env=env, cwd="/",
                                      preexec_fn=bind if threading.current_thread() is threading.main_thread()
                                      else None, start_new_session=True)
-        theirs.close()
-        self.sock = ours
+        for _, t in pairs:
+            t.close()
+        self.sock = pairs[0][0]
+        self.handles = [self] + [Template(sandboxed, _proc=self.proc, _sock=ours) for ours, _ in pairs[1:]]
 
     def spawn(self, request: dict, fds: list[int], timeout: float = 120) -> int:
         """Fork a child of the template that becomes ``request["kind"]``; return its pid."""
@@ -188,6 +199,9 @@ class Template:
         return int(reply["pid"])
 
     def close(self) -> None:
+        """Close this connection; a template that is still alive is killed (it did not answer,
+        or its process is done with it), even when other workers share it: they start
+        their own on their next request."""
         try:
             self.sock.close()
         finally:
@@ -521,32 +535,42 @@ def _read_ready(ready: int, info: int | None, holder) -> int | None:
 
 
 # ================================================================ the template's side
-def _serve(sock: socket.socket) -> None:
+def _serve(socks: list) -> None:
+    """Answer the requests of every connection (one per grading worker), one at a time; end
+    when the last connection is closed (its worker, or the grader, is gone)."""
     libc = _libc()
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of unsandboxed kernels are reaped here
     signal.signal(signal.SIGCHLD, _reap)
-    while True:
+    open_socks = list(socks)
+    while open_socks:
         try:
-            msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 16)
-        except OSError:
-            os._exit(0)
-        if not msg:
-            os._exit(0)  # the grader is gone
-        try:
-            request = json.loads(msg)
-            reply = _fork(sock, request, fds, libc)
-        except Exception as e:  # noqa: BLE001 (a request that cannot be served is refused, not fatal)
-            reply = {"error": f"{type(e).__name__}: {e}"}
-        finally:
-            for fd in fds:
-                os.close(fd)
-        try:
-            sock.send(json.dumps(reply).encode())
-        except OSError:
-            os._exit(0)
+            ready, _, _ = select.select(open_socks, [], [])
+        except InterruptedError:  # (a SIGCHLD: Python retries select itself; kept for clarity)
+            continue
+        for sock in ready:
+            try:
+                msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 16)
+            except OSError:
+                msg, fds = b"", []
+            if not msg:  # this worker is gone
+                open_socks.remove(sock)
+                continue
+            try:
+                request = json.loads(msg)
+                reply = _fork(socks, request, fds, libc)
+            except Exception as e:  # noqa: BLE001 (a request that cannot be served is refused, not fatal)
+                reply = {"error": f"{type(e).__name__}: {e}"}
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            try:
+                sock.send(json.dumps(reply).encode())
+            except OSError:
+                open_socks.remove(sock)
+    os._exit(0)
 
 
-def _fork(sock, request: dict, fds: list[int], libc) -> dict:
+def _fork(socks: list, request: dict, fds: list[int], libc) -> dict:
     sandboxed = request.get("ns_pid") is not None
     template = os.getpid()
     back_r, back_w = os.pipe()
@@ -560,7 +584,7 @@ def _fork(sock, request: dict, fds: list[int], libc) -> dict:
                 inner = os.fork()
                 if inner == 0:
                     os.close(back_w)
-                    _become(sock, request, fds, libc)  # never returns
+                    _become(socks, request, fds, libc)  # never returns
                 os.write(back_w, json.dumps({"pid": inner}).encode())
             else:  # a plain process: it dies with the template, which dies with the grader
                 libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -568,7 +592,7 @@ def _fork(sock, request: dict, fds: list[int], libc) -> dict:
                     os._exit(1)
                 os.write(back_w, json.dumps({"pid": os.getpid()}).encode())
                 os.close(back_w)
-                _become(sock, request, fds, libc)  # never returns
+                _become(socks, request, fds, libc)  # never returns
         except BaseException as e:  # noqa: BLE001
             try:
                 os.write(back_w, json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
@@ -628,10 +652,10 @@ def _enter(request: dict, libc) -> None:
         os.close(fd)
 
 
-def _become(sock, request: dict, fds: list[int], libc) -> None:
+def _become(socks: list, request: dict, fds: list[int], libc) -> None:
     code = 1
     try:
-        keep = _adopt(sock, fds)
+        keep = _adopt(socks, fds)
         os.setsid()  # a session and process group of its own, as a cold kernel has
         os.chdir(request["cwd"])
         os.environ.clear()
@@ -665,13 +689,15 @@ def _become(sock, request: dict, fds: list[int], libc) -> None:
             os._exit(code)
 
 
-def _adopt(sock, fds: list[int]) -> int:
-    """Standard input, output and error from the request; the hold pipe at 3; nothing else open."""
+def _adopt(socks: list, fds: list[int]) -> int:
+    """Standard input, output and error from the request; the hold pipe at 3; nothing else open
+    (no worker's connection to the template either)."""
     stdin, stdout, stderr, hold = fds
     for target, fd in enumerate((stdin, stdout, stderr)):
         os.dup2(fd, target)
     os.dup2(hold, 3)
-    sock.detach()  # (so that no finaliser closes a descriptor number that is reused later)
+    for sock in socks:
+        sock.detach()  # (so that no finaliser closes a descriptor number that is reused later)
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
         if fd > 3:
@@ -730,7 +756,7 @@ def _run(request: dict) -> int:
 
 
 def main() -> None:
-    sock = socket.socket(fileno=int(os.environ.pop("FP_WARM_SOCKET")))
+    socks = [socket.socket(fileno=int(fd)) for fd in os.environ.pop("FP_WARM_SOCKET").split(",")]
     import importlib
 
     for name in PRELOAD:
@@ -748,7 +774,7 @@ def main() -> None:
     # collection: 150 ms before, 2 ms after), and do not write to the pages it shares
     # with the template. (Python's advice for a process that forks without exec.)
     gc.freeze()
-    _serve(sock)
+    _serve(socks)
 
 
 if __name__ == "__main__":
