@@ -342,3 +342,45 @@ def test_one_database_engine_per_grading_process(tmp_path):
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got == {"made": 2, "same": True, "nested": ["ada", "bob"], "other": True, "child_ok": True,
                    "after_fork": True, "students": ["ada", "bob", "cy"]}, got
+
+
+def test_cell_metadata_check_raises_what_jsonschema_raises(monkeypatch):
+    """nbgrader's cell-metadata check with its schema's validator made once (while grading)
+    accepts and refuses exactly what ``jsonschema.validate`` does, with the same message and
+    path, and checks the schema only once."""
+    import jsonschema
+    import nbgrader.nbgraderformat.common as common
+    from nbgrader.nbgraderformat.v3 import MetadataValidatorV3
+
+    from firstprinciples.grading.parallel import _CellSchema
+
+    validator = MetadataValidatorV3()
+    good = {"grade": True, "grade_id": "test_dims", "locked": True, "points": 2, "schema_version": 3,
+            "solution": False, "task": False}
+    cases = [good, {**good, "points": "two"}, {**good, "grade": "yes"}, {**good, "extra": 1},
+             {**good, "locked": None}, {k: v for k, v in good.items() if k != "solution"}]
+
+    def verdicts(validate):
+        out = []
+        for meta in cases:
+            try:
+                validate(meta, validator.schema)
+                out.append(None)
+            except jsonschema.ValidationError as e:
+                out.append((e.message, list(e.path)))
+        return out
+
+    expected = verdicts(jsonschema.validate)
+    assert expected[0] is None and sum(v is not None for v in expected) >= 3  # the cases do differ
+    checked = []
+    kind = jsonschema.validators.validator_for(validator.schema)
+    real_check = kind.check_schema
+    monkeypatch.setattr(common, "jsonschema", _CellSchema(jsonschema))
+    monkeypatch.setattr(kind, "check_schema", classmethod(lambda c, s: checked.append(1) or real_check(s)))
+    assert verdicts(common.jsonschema.validate) == expected
+    assert len(checked) == 1
+    cell = {"metadata": {"nbgrader": {**good, "points": "two"}}, "cell_type": "code"}
+    from nbformat import from_dict
+    with pytest.raises(jsonschema.ValidationError, match="'two' is not of type 'number'"):
+        validator.validate_cell(from_dict(cell))  # nbgrader's own method, through the cache
+    assert len(checked) == 1
