@@ -498,7 +498,10 @@ class ParallelAutograde(Autograde):
         # starts grading at once instead of paying for `python -m nbgrader` and torch again.
         self._start_templates(workers, threads)
         from . import probes, trusted  # noqa: F401
+        from .warm import preload_first_backward
+
         probes.load()
+        preload_first_backward()  # what each worker's first reference result would import: once, here
         pids, pipes, pumps, errors, previous, templates = [], [], [], {}, {}, []
         try:
             # A plain `kill` (SIGTERM) or a hang-up of this process stops the workers too.

@@ -62,11 +62,24 @@ import time
 from traitlets import default
 
 COLD_ENV = "FP_GRADING_COLD"
+# What torch's first backward pass with a given gradient imports (sympy among it: 0.4-0.9 s),
+# in a kernel, a re-check and the grader's own reference results alike.
+FIRST_BACKWARD = "torch.fx.experimental.symbolic_shapes"
+
+
+def preload_first_backward() -> None:
+    """Import ``FIRST_BACKWARD`` (for a background thread: a failure only means it is imported
+    later, where it is needed)."""
+    try:
+        __import__(FIRST_BACKWARD)
+    except Exception:  # noqa: BLE001
+        pass
+
 # What the template imports once: what every kernel and every re-check imports anyway.
 # (Not matplotlib: its backend is chosen at import time, and a kernel sets it first.)
 PRELOAD = ("torch", "numpy", "numpy.random", "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel",
            "ipykernel.debugger", "tornado.queues", "tornado.locks", "firstprinciples.checks",
-           "firstprinciples.reference", "firstprinciples.grading.recheck", "torch.fx.experimental.symbolic_shapes")
+           "firstprinciples.reference", "firstprinciples.grading.recheck", FIRST_BACKWARD)
 HOLD = ["/bin/sh", "-c", "echo ready; exec cat >/dev/null"]  # the sandbox's placeholder
 READY_TIMEOUT = 60  # seconds for a sandbox to be set up (normally milliseconds)
 
