@@ -152,8 +152,8 @@ _STEP_CACHES: dict = {}  # (id(step), id(class)) -> (step, class, its StepCache)
 
 def _step_cache(fn, cls):
     """``checks.kv_cache.step_cache``, once per step and class in this process: it runs the
-    class's own test (both of its checks), which cost a fifth of this piece's re-check when it
-    ran again for every case. The first verdict stands for the later cases; they still use
+    class's own test (both of its checks), which was three quarters of this piece's re-check
+    when it ran again for every case (0.86 s, now 0.21 s). The first verdict stands for the later cases; they still use
     that class and are graded on what it does."""
     key = (id(fn), id(cls))
     held = _STEP_CACHES.get(key)
