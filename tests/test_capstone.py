@@ -233,6 +233,7 @@ def test_retraining_reproduces_the_stored_weights(corpus):
     if stored["environment"] == environment():
         assert history["loss"] == stored["loss"]
         assert _same_state(model.state_dict(), ckpt["state_dict"]), "same environment, different weights"
-    else:  # another torch or CPU: sums may be rounded differently
+    else:  # another torch or CPU (or weights stored before their CPU's features were recorded):
+        # sums may be rounded differently (seen: 5e-7 in the loss, on a CPU with AMX)
         assert max(abs(a - b) for a, b in zip(history["loss"][:50], stored["loss"][:50])) < 1e-4
         assert abs(history["held_out_accuracy"][-1] - stored["held_out_accuracy"][-1]) <= 0.02

@@ -193,10 +193,24 @@ def train(corpus: Corpus, config=None, seed=0, model=None, log=None):
     return model.eval(), history
 
 
+def _cpu_features() -> list | None:
+    """The CPU's vector-instruction flags (avx*, amx*) on Linux, None elsewhere. torch's own
+    capability ("AVX512") is not enough: MKL and oneDNN pick their kernels by finer features (a
+    machine with AMX and AVX512-FP16 rounds the same training run differently, in the 7th digit,
+    from one without them, though both report AVX512)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return None
+    return None if flags is None else sorted(x for x in flags if x.startswith(("avx", "amx")))
+
+
 def environment():
-    """What bit-for-bit reproduction depends on: the torch version and the CPU's vector instructions."""
+    """What bit-for-bit reproduction depends on: the torch version, the thread count and the CPU's
+    vector instructions, as torch names them and as the kernels' dispatch sees them."""
     return {"torch": torch.__version__.split("+")[0], "cpu": torch.backends.cpu.get_cpu_capability(),
-            "threads": THREADS}
+            "cpu_features": _cpu_features(), "threads": THREADS}
 
 
 def main():
