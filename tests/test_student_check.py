@@ -6,6 +6,7 @@ import sys
 import nbformat
 import pytest
 
+from corpus.attacks import ATTACKS
 from course import EXERCISES, SOLUTIONS
 from test_instructor_roundtrip import NO_SCALING, fill, solution_answers
 
@@ -97,3 +98,82 @@ def test_mistake_is_named(notebooks):
 def test_unreadable_notebook_is_reported(notebooks):
     proc = run_check(notebooks["broken"])
     assert proc.returncode == 2 and "not a readable notebook" in proc.stderr
+
+
+# ---------------------------------------------------------------- the re-check's service
+# passes the kernel's visible tests; the re-check sees the forbidden built-in (from the attack corpus)
+ALIAS = next(a for a in ATTACKS if a["id"] == "atk_attention_sdpa_alias")["answers"][NOTEBOOK]
+LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the service is a child of the warm template")
+
+
+@LINUX
+@pytest.mark.parametrize("answers, hung, slow", [
+    ("correct", {}, []),
+    ("no_scaling", {}, []),
+    ("untouched", {}, []),
+    ("alias", {}, []),
+    ("correct", {"scaled_dot_product_attention": "test_masks"}, []),  # hung in the kernel: not run again
+    ("correct", {}, ["first code cell"]),  # a cell that ran past its timeout: loaded with a short limit
+])
+def test_the_service_decides_exactly_as_the_grading_process(notebooks, answers, hung, slow):
+    """The check command's trusted side (a child of the template) and the grader's (this process)
+    give the same failures, notes and test-cell outputs for the same notebook and seed."""
+    from firstprinciples.grading import trusted, verdicts
+
+    path = notebooks[answers] if answers != "alias" else None
+    if path is None:
+        release = nbformat.read(EXERCISES / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
+        nb = fill(release, {**solution_answers(nbformat.read(SOLUTIONS / ASSIGNMENT / f"{NOTEBOOK}.ipynb",
+                                                                as_version=4)), NOTEBOOK: ALIAS})
+    else:
+        nb = nbformat.read(path, as_version=4)
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    slow = {code[0]} if slow else set()
+    seed, limits = 20261202, trusted.Limits(piece=45.0, total=300.0)
+    here, there = nbformat.from_dict(nb), nbformat.from_dict(nb)
+    local = verdicts.decide(here, trusted.make_plan(here, seed), hung, slow, 60.0, limits, False)
+    service = verdicts.Service(there, seed, None)
+    try:
+        assert service.tested() == verdicts.tested_pieces(there)
+        remote = service.decide(there, hung, slow, 60.0, limits, False)
+    finally:
+        service.close()
+    assert remote == local
+    assert [c.get("outputs") for c in there.cells] == [c.get("outputs") for c in here.cells]
+    failed = local[0]
+    if answers == "correct" and not hung:
+        assert not failed
+    else:  # each of these fails somewhere, with the re-check's reason
+        assert failed, local
+        if answers == "alias":
+            assert any("scaled_dot_product_attention" in r for r in failed.values()), failed
+        if hung:
+            assert all("did not return within 60.0 s in test_masks" in r for r in failed.values()), failed
+
+
+@LINUX
+def test_the_check_process_never_imports_torch(notebooks):
+    """Its kernel, runner and trusted side are children of the template: the check's own
+    process imports neither torch nor what its first backward pass imports (the 1.4 s it
+    would add to every check), and still gives the re-check's verdict."""
+    script = ("import sys\nfrom firstprinciples.grading import check\n"
+              f"code = check.main([{str(notebooks['no_scaling'])!r}])\n"
+              "print('imported:', sorted(m for m in ('torch', 'sympy') if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert "imported: []" in proc.stdout, proc.stdout + proc.stderr
+    assert "no scaling" in proc.stdout and "FAIL" in proc.stdout, proc.stdout
+
+
+@LINUX
+def test_a_service_that_dies_leaves_the_verdict_to_the_check_itself(notebooks):
+    """The service is killed before the decision: the check decides in its own process (with a
+    line saying so) and the verdict is the same, with the re-check's reason."""
+    script = ("import sys\nfrom firstprinciples.grading import check, verdicts\n"
+              "decide = verdicts.Service.decide\n"
+              "def dying(self, *a, **k):\n    self.proc.kill()\n    self.proc.wait()\n    return decide(self, *a, **k)\n"
+              "verdicts.Service.decide = dying\n"
+              f"sys.exit(check.main([{str(notebooks['no_scaling'])!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no scaling" in proc.stdout and "pass  test_batched_shapes" in proc.stdout, proc.stdout
+    assert "starting cold instead (the re-check's service" in proc.stderr, proc.stderr

@@ -77,6 +77,9 @@ def _prestart() -> None:
             warm.Template.get(False)
         except OSError:
             pass  # (the kernel then starts cold)
+    # IPython, which jupyter_client imports to find the kernel's spec (0.25 s), while this process
+    # would otherwise wait for the template.
+    threading.Thread(target=__import__, args=("IPython",), daemon=True).start()
     # jsonschema (imported by nbformat) compiles 38 grammars of rfc3987-syntax, when that is
     # installed (jupyterlab brings it), for URI formats that notebooks never use: 2 s of a check.
     sys.modules.setdefault("rfc3987_syntax", None)
@@ -108,15 +111,18 @@ def check(path: Path, timeout: int = 120) -> int:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     print(f"Running {path} in a fresh kernel...", flush=True)
-    # The reference's results (computed here, after the cells) import what torch's first backward
-    # pass needs (sympy among it: 0.4-0.9 s): imported meanwhile, while this process only waits
-    # for the kernel.
-    threading.Thread(target=warm.preload_first_backward, daemon=True).start()
+    # Where the template can be used, the re-check's trusted side runs in a child of it
+    # (``verdicts.Service``): this process never imports torch. Elsewhere the reference's results
+    # are computed here, after the cells, and import what torch's first backward pass needs
+    # (sympy among it: 0.4-0.9 s): imported meanwhile, while this process only waits for the kernel.
+    service = warm.available()
+    if not service:
+        threading.Thread(target=warm.preload_first_backward, daemon=True).start()
     config, folder, extra = _kernel_config()
     try:
         # (named here: nbgrader's Execute passes jupyter_client's own manager to its base class,
         # which outranks any default of a subclass)
-        RobustExecute(timeout=timeout, config=config, extra_arguments=extra,
+        RobustExecute(timeout=timeout, config=config, extra_arguments=extra, recheck_service=service,
                       kernel_manager_class=warm.WarmKernelManager).preprocess(
             nb, {"metadata": {"path": str(path.parent.resolve())}})
     finally:
@@ -162,4 +168,10 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # Everything is done and shut down (kernel, re-check, temporary folder; the template dies with
+    # this process): the interpreter's own teardown of some 1,500 modules and zmq's context would
+    # only add 0.2-0.3 s to every check.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

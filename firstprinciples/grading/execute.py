@@ -44,7 +44,7 @@ from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Float, Integer
 
-from . import probes, sandbox, sanitize, scan, trusted, warm
+from . import sanitize, scan, trusted, verdicts, warm
 
 FAULT_NAME = "GradingFault"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -63,6 +63,9 @@ class RobustExecute(Execute):
     notebook_timeout = Integer(300, help="Seconds of cell execution one notebook may use; later cells are not run.").tag(config=True)
     recheck_timeout = Float(300.0, help="Seconds the trusted re-check of one notebook may use in all.").tag(config=True)
     recheck_piece_timeout = Float(45.0, help="Seconds the trusted re-check may spend on one piece.").tag(config=True)
+    recheck_service = Bool(False, help="Make the trusted re-check's decisions in a child of the warm template "
+                                       "(verdicts.Service) instead of this process, which then never imports "
+                                       "torch (the students' check command).").tag(config=True)
 
     # ------------------------------------------------------------ output cap
     def _count(self, cell_index: int, msg: dict) -> bool:
@@ -120,6 +123,7 @@ class RobustExecute(Execute):
         self._timed_out = False  # the last cell run went past its timeout
         self._hung: dict[str, str] = {}  # graded piece -> the test cell it did not return in
         self._slow: set[int] = set()  # indices of non-test cells that ran past their timeout
+        self._seed = None  # the re-check's seed, once drawn for this notebook
         run_sync(self._execute_all)()
         return self.nb, self.resources
 
@@ -128,45 +132,92 @@ class RobustExecute(Execute):
         import time
 
         self._budget_end = time.monotonic() + self.notebook_timeout
-        tested = trusted.grade_cell_names(self.nb, probes.load())  # test cell index -> pieces it tests
-        all_pieces = sorted({p for ps in tested.values() for p in ps})
+        self._service = None  # started with the first kernel (async_start_new_kernel)
+        self._want_service = self.trusted_verdicts and self.recheck_service
+        known: dict = {}
+
+        def tested() -> dict:
+            """Test cell index -> the pieces it tests (asked for only once a cell timed out)."""
+            if "tested" not in known:
+                known["tested"] = self._service_call(lambda s: s.tested(), lambda: verdicts.tested_pieces(self.nb))
+            return known["tested"]
+
         failed_at_once: dict[str, list] = {}  # hung piece -> the later test cells that failed at once
-        async with self.async_setup_kernel():
-            await self._kernel_info()
-            for index, cell in enumerate(self.nb.cells):
-                if cell.cell_type != "code":
-                    continue
-                if self._restarts > self.max_restarts:
-                    cell.outputs = [_error("Not run: the notebook crashed its kernel too many times.")]
-                    continue
-                if time.monotonic() >= self._budget_end:
-                    cell.outputs = [_error(f"Not run: this notebook used up its {self.notebook_timeout} s of grading "
-                                           "time (an earlier cell hung or was very slow).")]
-                    continue
-                pieces = tested.get(index) or []
-                if pieces and all(p in self._hung for p in pieces):
-                    cell.outputs = [_error(self._hung_reason(pieces) + " This test, which calls it, fails at once "
-                                           "(it would only wait as long again).")]
-                    for p in pieces:
-                        failed_at_once.setdefault(p, []).append(_grade_id(cell) or f"cell {index + 1}")
-                    continue
-                fault = await self._run(cell, index)
-                if self._timed_out:
-                    self._note_timeout(cell, index, pieces, all_pieces, stopped=fault is None)
-                elif fault is not None:
-                    self._add_note(f"{_grade_id(cell) or f'code cell {index + 1}'}: the kernel died (it crashed, "
-                                   "exited, or went over the memory or CPU limit); grading went on in a fresh kernel")
-                if fault is None:
-                    if not cell.get("metadata", {}).get("nbgrader", {}).get("grade", False):
-                        clean.append(index)
-                    continue
-                cell.outputs.append(_error(fault))
-                await self._fresh_kernel(clean)
-            for piece, cells in failed_at_once.items():
-                self._add_note(f"{len(cells)} later test(s) that call {piece} failed at once: {', '.join(cells)}")
-            if self.trusted_verdicts:
-                await self._trusted_recheck(clean)
+        try:
+            async with self.async_setup_kernel():
+                await self._cells(tested, failed_at_once, clean)
+        finally:
+            if self._service is not None:
+                self._service.close()
+                self._service = None
         self.set_widgets_metadata()
+
+    async def async_start_new_kernel(self, **kwargs) -> None:
+        await super().async_start_new_kernel(**kwargs)
+        if self._want_service:  # forked by the template right after the kernel, it gets ready beside it
+            self._want_service = False
+            self._service = self._start_service()
+
+    def _start_service(self):
+        root, source = self._course()
+        sources = trusted.course_sources(source) if source is not None else None
+        self._seed = trusted.seed_for(self.resources, root)
+        try:
+            return verdicts.Service(self.nb, self._seed, sources)
+        except verdicts.ServiceError as e:
+            warm._cold_note(e)
+            return None
+
+    def _service_call(self, there, here):
+        """``there(service)``; where there is no service or it failed, ``here()`` in this process."""
+        if self._service is not None:
+            try:
+                return there(self._service)
+            except verdicts.ServiceError as e:
+                warm._cold_note(e)
+                self._service.close()
+                self._service = None
+        return here()
+
+    async def _cells(self, tested, failed_at_once: dict, clean: list) -> None:
+        import time
+
+        await self._kernel_info()
+        for index, cell in enumerate(self.nb.cells):
+            if cell.cell_type != "code":
+                continue
+            if self._restarts > self.max_restarts:
+                cell.outputs = [_error("Not run: the notebook crashed its kernel too many times.")]
+                continue
+            if time.monotonic() >= self._budget_end:
+                cell.outputs = [_error(f"Not run: this notebook used up its {self.notebook_timeout} s of grading "
+                                       "time (an earlier cell hung or was very slow).")]
+                continue
+            pieces = (tested().get(index) or []) if self._hung else []
+            if pieces and all(p in self._hung for p in pieces):
+                cell.outputs = [_error(self._hung_reason(pieces) + " This test, which calls it, fails at once "
+                                       "(it would only wait as long again).")]
+                for p in pieces:
+                    failed_at_once.setdefault(p, []).append(_grade_id(cell) or f"cell {index + 1}")
+                continue
+            fault = await self._run(cell, index)
+            if self._timed_out:
+                pieces = tested().get(index) or []
+                all_pieces = sorted({p for ps in tested().values() for p in ps})
+                self._note_timeout(cell, index, pieces, all_pieces, stopped=fault is None)
+            elif fault is not None:
+                self._add_note(f"{_grade_id(cell) or f'code cell {index + 1}'}: the kernel died (it crashed, "
+                               "exited, or went over the memory or CPU limit); grading went on in a fresh kernel")
+            if fault is None:
+                if not cell.get("metadata", {}).get("nbgrader", {}).get("grade", False):
+                    clean.append(index)
+                continue
+            cell.outputs.append(_error(fault))
+            await self._fresh_kernel(clean)
+        for piece, cells in failed_at_once.items():
+            self._add_note(f"{len(cells)} later test(s) that call {piece} failed at once: {', '.join(cells)}")
+        if self.trusted_verdicts:
+            await self._trusted_recheck(clean)
 
     # ------------------------------------------------------------ hangs
     def _hung_reason(self, pieces) -> str:
@@ -227,21 +278,21 @@ class RobustExecute(Execute):
         verdict made final in every test cell (``trusted.apply``)."""
         import asyncio
 
-        root, source = self._course()
-        sources = trusted.course_sources(source) if source is not None else None
-        plan = trusted.make_plan(self.nb, trusted.seed_for(self.resources, root), sources)
-        plan.hung = {p: f"it did not return within {self._cell_limit} s in {where} in your notebook, so it was not "
-                        "run again" for p, where in self._hung.items()}
-        plan.slow, plan.cell_timeout = set(self._slow), float(self._cell_limit)
         limits = trusted.Limits(piece=self.recheck_piece_timeout, total=self.recheck_timeout)
-        command = warm.Runner(sandbox.recheck_command(self._sandboxed()), self._sandboxed())
-        outcomes, flags = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: trusted.recheck(plan, command, limits))
-        failed, flagged = trusted.apply(self.nb, plan, outcomes)
+        args = (self._hung, self._slow, float(self._cell_limit), limits, self._sandboxed())
+
+        def here():
+            root, source = self._course()
+            sources = trusted.course_sources(source) if source is not None else None
+            seed = trusted.seed_for(self.resources, root) if self._seed is None else self._seed
+            plan = trusted.make_plan(self.nb, seed, sources)
+            return verdicts.decide(self.nb, plan, *args)
+
+        failed, notes = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: self._service_call(lambda s: s.decide(self.nb, *args), here))
         for index, reason in failed.items():
             self.log.warning("Trusted re-check failed for %s: %s",
                              self.nb.cells[index].metadata.get("nbgrader", {}).get("grade_id"), reason)
-        notes = sorted(set(flags) | {f for fs in flagged.values() for f in fs})
         if notes and (self.resources or {}).get("nbgrader", {}).get("student"):
             sanitize.add_note(self.log, self.resources, "FLAGGED for an instructor: " + "; ".join(notes[:5])
                               + (f" (and {len(notes) - 5} more)" if len(notes) > 5 else ""))

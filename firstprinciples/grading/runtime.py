@@ -12,7 +12,7 @@ import gc
 
 from . import observe, probes, wire
 
-MARK = "@@fp-trusted-probe@@"
+MARK = wire.MARK
 # captured when the runner starts, before any student code: rebinding these later changes nothing here
 _gc_disable, _gc_enable, _gc_isenabled, _gc_collect = gc.disable, gc.enable, gc.isenabled, gc.collect
 _Watch, _forbidden_python, _load, _decode_case, _encode = (observe.Watch, observe.forbidden_python, probes.load,

@@ -59,7 +59,7 @@ import numpy as np
 from nbformat import NotebookNode
 
 from . import probes, scan, wire
-from .runtime import MARK
+from .wire import MARK
 
 FAILED = "TrustedCheckFailed"
 SECRET_FILE = ".fp_grading_secret"  # in the course root; never inside a sandbox

@@ -28,6 +28,12 @@ For each notebook's kernel, and for each run of the trusted re-check, the grader
    sandbox with it, exactly as a cold kernel's sandbox does. Killing it (nbclient's
    "immediate" shutdown, a hang) kills the sandbox and the kernel.
 
+The students' check command asks for one more kind of child, never sandboxed: its trusted
+re-check's side (``verdicts.serve``), which runs no student code and gets a connection of its
+own to the template, to ask for the re-check's runner in turn (``CONNECTED``). The template
+does what only the re-check's children need (the probes' registry, a first snapshot) when it
+is first idle, so a kernel asked for at once does not wait for it.
+
 So a kernel starts from the template's clean state (the modules imported, nothing
 run), in a sandbox of its own: one student's kernel shares no process, no
 ``/tmp``, no socket folder and no memory with another's (a fork copies memory;
@@ -80,6 +86,10 @@ def preload_first_backward() -> None:
 PRELOAD = ("torch", "numpy", "numpy.random", "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel",
            "ipykernel.debugger", "tornado.queues", "tornado.locks", "firstprinciples.checks",
            "firstprinciples.reference", "firstprinciples.grading.recheck", FIRST_BACKWARD)
+# The kinds of child that get a connection of their own to the template, to ask for children in
+# turn: the check command's trusted re-check service (``verdicts``; never sandboxed, it runs no
+# student code), which starts the re-check's runners.
+CONNECTED = ("verdicts",)
 HOLD = ["/bin/sh", "-c", "echo ready; exec cat >/dev/null"]  # the sandbox's placeholder
 READY_TIMEOUT = 60  # seconds for a sandbox to be set up (normally milliseconds)
 
@@ -295,7 +305,7 @@ def _rmdir(path: str) -> bool:
 
 def launch(kind: str, *, sandboxed: bool, fds: list[int], argv: list[str] | None = None, cwd: str = "/tmp",
            binds=(), ro_binds=(), env: dict | None = None, preexec=None) -> WarmProcess:
-    """Start a warm ``kind`` ("kernel" or "recheck") with standard input, output and error
+    """Start a warm ``kind`` ("kernel", "recheck", or unsandboxed "verdicts") with standard input, output and error
     ``fds``: in a new sandbox (``sandboxed``) or as a plain process. Raises WarmError when
     the template cannot do it (the caller starts a cold one instead)."""
     from . import sandbox
@@ -548,16 +558,25 @@ def _read_ready(ready: int, info: int | None, holder) -> int | None:
 
 
 # ================================================================ the template's side
-def _serve(socks: list) -> None:
+def _serve(socks: list, later=None) -> None:
     """Answer the requests of every connection (one per grading worker), one at a time; end
-    when the last connection is closed (its worker, or the grader, is gone)."""
+    when the last connection is closed (its worker, or the grader, is gone). ``later``: what
+    to do the first time no request is waiting (what only the re-check's children use: a
+    kernel requested at once need not wait for it)."""
     libc = _libc()
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of unsandboxed kernels are reaped here
     signal.signal(signal.SIGCHLD, _reap)
     open_socks = list(socks)
     while open_socks:
         try:
-            ready, _, _ = select.select(open_socks, [], [])
+            ready, _, _ = select.select(open_socks, [], [], 0 if later is not None else None)
+            if not ready and later is not None:
+                try:
+                    later()
+                except Exception:  # noqa: BLE001 (then each runner does it itself, as a cold one does)
+                    pass
+                later = None
+                continue
         except InterruptedError:  # (a SIGCHLD: Python retries select itself; kept for clarity)
             continue
         for sock in ready:
@@ -570,7 +589,10 @@ def _serve(socks: list) -> None:
                 continue
             try:
                 request = json.loads(msg)
-                reply = _fork(socks, request, fds, libc)
+                reply, connection = _fork(socks, request, fds, libc)
+                if connection is not None:  # a child that asks for children of its own
+                    socks.append(connection)
+                    open_socks.append(connection)
             except Exception as e:  # noqa: BLE001 (a request that cannot be served is refused, not fatal)
                 reply = {"error": f"{type(e).__name__}: {e}"}
             finally:
@@ -583,14 +605,22 @@ def _serve(socks: list) -> None:
     os._exit(0)
 
 
-def _fork(socks: list, request: dict, fds: list[int], libc) -> dict:
+def _fork(socks: list, request: dict, fds: list[int], libc) -> tuple[dict, socket.socket | None]:
+    """Fork the child of ``request``; return (the reply for the requester, a new connection of
+    this template's for the child when its kind asks for one, else None)."""
     sandboxed = request.get("ns_pid") is not None
     template = os.getpid()
+    mine = theirs = None
+    if request.get("kind") in CONNECTED and not sandboxed:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     back_r, back_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             os.close(back_r)
+            if theirs is not None:  # kept at fd 4 by _adopt
+                mine.detach()
+                fds = [*fds, theirs.detach()]
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             _enter(request, libc)
             if sandboxed:  # once more, into the sandbox's PID namespace (whose PID 1 ends it)
@@ -613,6 +643,8 @@ def _fork(socks: list, request: dict, fds: list[int], libc) -> dict:
                 pass
         os._exit(0)
     os.close(back_w)
+    if theirs is not None:
+        theirs.close()
     with os.fdopen(back_r, "rb") as f:
         data = f.read(1 << 16)
     if sandboxed:
@@ -620,7 +652,11 @@ def _fork(socks: list, request: dict, fds: list[int], libc) -> dict:
             os.waitpid(pid, 0)
         except ChildProcessError:
             pass  # (reaped by the SIGCHLD handler)
-    return json.loads(data) if data else {"error": "the template's child died before it could start"}
+    reply = json.loads(data) if data else {"error": "the template's child died before it could start"}
+    if "error" in reply and mine is not None:
+        mine.close()
+        mine = None
+    return reply, mine
 
 
 def _reap(*_args) -> None:
@@ -703,17 +739,24 @@ def _become(socks: list, request: dict, fds: list[int], libc) -> None:
 
 
 def _adopt(socks: list, fds: list[int]) -> int:
-    """Standard input, output and error from the request; the hold pipe at 3; nothing else open
-    (no worker's connection to the template either)."""
-    stdin, stdout, stderr, hold = fds
+    """Standard input, output and error from the request; the hold pipe at 3; for a kind in
+    ``CONNECTED``, its own connection to the template at 4; nothing else open (no worker's
+    connection to the template either)."""
+    import fcntl
+
+    stdin, stdout, stderr, hold, *connection = fds
+    if connection:  # out of the way of the numbers it is about to take
+        connection = [fcntl.fcntl(connection[0], fcntl.F_DUPFD, 64)]
     for target, fd in enumerate((stdin, stdout, stderr)):
         os.dup2(fd, target)
     os.dup2(hold, 3)
+    if connection:
+        os.dup2(connection[0], 4)
     for sock in socks:
         sock.detach()  # (so that no finaliser closes a descriptor number that is reused later)
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd > 3:
+        if fd > (4 if connection else 3):
             try:
                 os.close(fd)
             except OSError:
@@ -765,6 +808,11 @@ def _run(request: dict) -> int:
         sys.path.insert(0, request["cwd"])
         recheck.main()
         return 0
+    if request["kind"] == "verdicts" and request.get("ns_pid") is None:
+        from . import verdicts
+
+        verdicts.serve(socket.socket(fileno=4))
+        return 0
     raise ValueError(f"unknown kind {request['kind']!r}")
 
 
@@ -774,20 +822,26 @@ def main() -> None:
 
     for name in PRELOAD:
         importlib.import_module(name)
-    from . import observe, probes
-
-    # What the re-check does first in every runner, done once here: the probes' registry, the
-    # code each piece may not call, and a first snapshot (it loads torch's lazy submodules).
-    for probe in probes.load().values():
-        watch = probe.watch()
-        observe.forbidden_python(watch["torch_patterns"], watch["pieces"])
-    observe.snapshot()
     # Everything imported so far is moved out of the collector's generations: a child's
     # collections then walk only the objects it made itself, not torch's 270,000 (a full
     # collection: 150 ms before, 2 ms after), and do not write to the pages it shares
     # with the template. (Python's advice for a process that forks without exec.)
     gc.freeze()
-    _serve(socks)
+    _serve(socks, later=_prepare_recheck)
+
+
+def _prepare_recheck() -> None:
+    """What the re-check does first in every runner, done once here: the probes' registry, the
+    code each piece may not call, and a first snapshot (it loads torch's lazy submodules). Done
+    when the template is first idle: a kernel asked for at once (the check command's) does not
+    wait for it, and a child forked before has it done by itself, as a cold one does."""
+    from . import observe, probes
+
+    for probe in probes.load().values():
+        watch = probe.watch()
+        observe.forbidden_python(watch["torch_patterns"], watch["pieces"])
+    observe.snapshot()
+    gc.freeze()
 
 
 if __name__ == "__main__":

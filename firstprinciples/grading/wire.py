@@ -17,6 +17,9 @@ from typing import Any
 
 import numpy as np
 
+# What starts each line of a re-check runner's report (then its nonce, then one JSON event).
+MARK = "@@fp-trusted-probe@@"
+
 # dtypes that travel as their own bytes; any other floating dtype travels as float64
 # values with its real name kept (so a bfloat16 answer is seen, and rejected, as bfloat16).
 NUMPY_DTYPES = {
