@@ -502,6 +502,7 @@ class ParallelAutograde(Autograde):
 
         probes.load()
         preload_first_backward()  # what each worker's first reference result would import: once, here
+        import IPython  # noqa: F401 (jupyter_client's kernel-spec lookup imports it: 0.44 s in each worker)
         pids, pipes, pumps, errors, previous, templates = [], [], [], {}, {}, []
         try:
             # A plain `kill` (SIGTERM) or a hang-up of this process stops the workers too.
