@@ -177,3 +177,26 @@ def test_a_service_that_dies_leaves_the_verdict_to_the_check_itself(notebooks):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "no scaling" in proc.stdout and "pass  test_batched_shapes" in proc.stdout, proc.stdout
     assert "starting cold instead (the re-check's service" in proc.stderr, proc.stderr
+
+
+def test_a_service_that_does_not_answer_is_given_up():
+    """A service that stays silent costs the check a bounded wait, then a ServiceError (the
+    check then decides in its own process), not a hang."""
+    import os
+    import time
+
+    from firstprinciples.grading import verdicts
+
+    read, write = os.pipe()
+    service = verdicts.Service.__new__(verdicts.Service)
+    service._from = os.fdopen(read, "r")
+    try:
+        start = time.monotonic()
+        with pytest.raises(verdicts.ServiceError, match="did not answer within 0.2 s"):
+            service._receive("tested", wait=0.2)
+        assert time.monotonic() - start < 5
+        os.write(write, b'{"tested": {}}\n')  # an answer that comes is taken
+        assert service._receive("tested", wait=5) == {"tested": {}}
+    finally:
+        service._from.close()
+        os.close(write)

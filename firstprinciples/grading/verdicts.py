@@ -67,6 +67,9 @@ def reference_ahead(plan) -> None:
 
 
 # ================================================================ the check command's side
+ANSWER_WAIT = 120.0  # seconds the service may take to answer, beyond the re-check's own limit
+
+
 class ServiceError(RuntimeError):
     """The service could not be started, died or answered nonsense."""
 
@@ -100,7 +103,11 @@ class Service:
         except OSError as e:
             raise ServiceError(f"the re-check's service is gone ({e})") from e
 
-    def _receive(self, *keys: str) -> dict:
+    def _receive(self, *keys: str, wait: float = ANSWER_WAIT) -> dict:
+        import select
+
+        if not select.select([self._from], [], [], wait)[0]:  # (one line per request: nothing is buffered)
+            raise ServiceError(f"the re-check's service did not answer within {wait:g} s")
         line = self._from.readline()
         try:
             doc = json.loads(line)
@@ -123,7 +130,7 @@ class Service:
         self.tested()
         self._send({"nb": nbformat.writes(nb), "hung": hung, "slow": sorted(slow), "cell_limit": cell_limit,
                     "limits": vars(limits), "sandboxed": sandboxed})
-        doc = self._receive("outputs", "failed", "notes")
+        doc = self._receive("outputs", "failed", "notes", wait=limits.total + ANSWER_WAIT)
         for index, outputs in doc["outputs"].items():
             nb.cells[int(index)]["outputs"] = [nbformat.from_dict(o) for o in outputs]
         return {int(k): v for k, v in doc["failed"].items()}, list(doc["notes"])
