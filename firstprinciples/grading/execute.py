@@ -123,7 +123,7 @@ class RobustExecute(Execute):
         self._timed_out = False  # the last cell run went past its timeout
         self._hung: dict[str, str] = {}  # graded piece -> the test cell it did not return in
         self._slow: set[int] = set()  # indices of non-test cells that ran past their timeout
-        self._seed = None  # the re-check's seed, once drawn for this notebook
+        self._seed = self._sources = None  # the re-check's seed and the course's sources (_plan_inputs)
         run_sync(self._execute_all)()
         return self.nb, self.resources
 
@@ -158,12 +158,17 @@ class RobustExecute(Execute):
             self._want_service = False
             self._service = self._start_service()
 
+    def _plan_inputs(self) -> tuple[int, set | None]:
+        """(the re-check's seed, the course's own cell sources) for this notebook, drawn once."""
+        if self._seed is None:
+            root, source = self._course()
+            self._sources = trusted.course_sources(source) if source is not None else None
+            self._seed = trusted.seed_for(self.resources, root)
+        return self._seed, self._sources
+
     def _start_service(self):
-        root, source = self._course()
-        sources = trusted.course_sources(source) if source is not None else None
-        self._seed = trusted.seed_for(self.resources, root)
         try:
-            return verdicts.Service(self.nb, self._seed, sources)
+            return verdicts.Service(self.nb, *self._plan_inputs())
         except verdicts.ServiceError as e:
             warm._cold_note(e)
             return None
@@ -282,11 +287,7 @@ class RobustExecute(Execute):
         args = (self._hung, self._slow, float(self._cell_limit), limits, self._sandboxed())
 
         def here():
-            root, source = self._course()
-            sources = trusted.course_sources(source) if source is not None else None
-            seed = trusted.seed_for(self.resources, root) if self._seed is None else self._seed
-            plan = trusted.make_plan(self.nb, seed, sources)
-            return verdicts.decide(self.nb, plan, *args)
+            return verdicts.decide(self.nb, trusted.make_plan(self.nb, *self._plan_inputs()), *args)
 
         failed, notes = await asyncio.get_running_loop().run_in_executor(
             None, lambda: self._service_call(lambda s: s.decide(self.nb, *args), here))

@@ -24,8 +24,9 @@ The service's protocol, one JSON document a line on its standard input and outpu
 sends ``{"nb", "seed", "sources"}`` and the service answers ``{"tested"}`` (test cell index ->
 the pieces it tests); then the check sends ``{"nb" (executed), "hung", "slow", "cell_limit",
 "limits", "sandboxed"}`` and the service answers ``{"outputs" (test cell index -> outputs),
-"failed" (index -> reason), "notes"}``. A service that dies or answers nonsense raises
-``ServiceError``: the check then decides in its own process.
+"failed" (index -> reason), "notes"}``. A service that dies, answers nonsense or stays silent
+(``ANSWER_WAIT`` beyond the re-check's own limit) raises ``ServiceError``: the check then decides
+in its own process.
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ ANSWER_WAIT = 120.0  # seconds the service may take to answer, beyond the re-che
 
 
 class ServiceError(RuntimeError):
-    """The service could not be started, died or answered nonsense."""
+    """The service could not be started, died, answered nonsense or stayed silent."""
 
 
 class Service:
