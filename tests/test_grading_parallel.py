@@ -172,6 +172,25 @@ def test_workers_share_the_cores(graded):
     assert f"torch threads: {want}\n" in text, text[-500:]
 
 
+@pytest.mark.parametrize("cores, gib, want", [
+    (2, 24, 4),   # two a core: every worker's kernel and runner fit at their 3 GB cap
+    (2, 23, 3),   # as many more as fit
+    (2, 8, 2),    # never fewer than one a core (as before)
+    (8, 16, 8),
+    (8, 96, 16),  # never more than two a core
+    (1, 0, 1),    # memory unknown
+])
+def test_default_workers_two_a_core_where_the_memory_holds_them(cores, gib, want, monkeypatch):
+    from firstprinciples.grading import parallel, sandbox
+
+    monkeypatch.setattr(sandbox, "MEMORY_MB", 3072)
+    assert parallel.default_workers(cores, gib * 2**30) == want
+    monkeypatch.delenv("FP_GRADING_WORKERS", raising=False)
+    assert parallel.ParallelAutograde().workers == parallel.default_workers()
+    monkeypatch.setenv("FP_GRADING_WORKERS", "5")
+    assert parallel.ParallelAutograde().workers == 5
+
+
 def test_nothing_left_in_progress(graded):
     course = graded[0]
     assert unfinished(course) == []

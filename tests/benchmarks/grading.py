@@ -147,7 +147,7 @@ def main():
     parser.add_argument("--students", type=int, default=30, help="students per assignment (default 30)")
     parser.add_argument("--assignments", default="", help="comma-separated (default: every assignment)")
     parser.add_argument("--workers", type=int, default=None,
-                        help="grading workers of the course's config (default: its own, the number of cores)")
+                        help="grading workers of the course's config (default: its own, parallel.default_workers())")
     parser.add_argument("--no-stock", action="store_true", help="skip stock nbgrader (its time is then not shown)")
     parser.add_argument("--no-hang", action="store_true",
                         help="skip the softmax class graded again with one never-returning answer")
@@ -230,7 +230,9 @@ def main():
             print(f"a softmax class of {args.students}, then the same with one never-returning answer ...", flush=True)
             hang = hang_cost(tmp, args.students, env)
 
-    workers = args.workers or os.cpu_count()
+    from firstprinciples.grading.parallel import default_workers
+
+    workers = args.workers or default_workers()
     print()
     print(f"{notebooks} notebooks: {args.students} students x {len(chosen)} assignment(s) "
           f"({', '.join(chosen)}); {os.cpu_count()} cores")
