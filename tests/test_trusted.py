@@ -8,6 +8,7 @@ tested on its own, quickly.
 from __future__ import annotations
 
 import base64
+import sys
 
 import nbformat
 import numpy as np
@@ -216,6 +217,68 @@ def test_snapshots_taken_one_after_another_see_what_changed_in_between():
     finally:
         numpy.allclose = saved
         del numpy.Planted
+
+
+# Ways to change a watched namespace, from Python and from C, each undone afterwards.
+def _set_module_attr(numpy):
+    numpy.allclose = _EqualToEverything()
+
+
+def _through_vars(numpy):
+    vars(numpy)["allclose"] = _EqualToEverything()
+
+
+def _dict_update(numpy):
+    numpy.__dict__.update(allclose=_EqualToEverything())
+
+
+def _exec_in_module(numpy):
+    exec("allclose = lambda *a, **k: True", numpy.__dict__)
+
+
+def _setattr_builtin(numpy):
+    setattr(numpy, "allclose", _EqualToEverything())
+
+
+def _class_attribute(numpy):
+    type.__setattr__(torch.nn.Linear, "forward", lambda self, x: x)
+
+
+def _the_same_value_put_back(numpy):
+    # written to, but every identity is the same: nothing was replaced
+    numpy.__dict__["allclose"] = numpy.__dict__["allclose"]
+
+
+@pytest.mark.parametrize("change", [_set_module_attr, _through_vars, _dict_update, _exec_in_module,
+                                    _setattr_builtin, _class_attribute, _the_same_value_put_back])
+def test_snapshots_that_skip_unwritten_namespaces_see_what_full_ones_see(change, monkeypatch):
+    """A namespace whose dict keeps its version tag is not read again (CPython 3.11-3.13): after
+    any write, from Python or C, the next snapshot reports exactly what one that reads every
+    namespace reports, and an unwritten namespace's entry is the previous one's."""
+    import numpy
+    from firstprinciples.grading import observe
+
+    if sys.implementation.name == "cpython" and (3, 11) <= sys.version_info[:2] <= (3, 13):
+        assert observe._read_tag is not None  # the fast path is in use where it can be
+    saved_allclose, saved_forward = numpy.allclose, torch.nn.Linear.__dict__["forward"]
+    first = observe.snapshot()
+    second = observe.snapshot(first)
+    assert second.spaces["numpy"] is first.spaces["numpy"]  # not written to: not read again
+    assert observe.changes(first, second) == []
+    try:
+        change(numpy)
+        fast = observe.changes(second, observe.snapshot(second))
+        monkeypatch.setattr(observe, "_read_tag", None)
+        full = [f for f in observe.changes(second, observe.snapshot()) if "observe._read_tag" not in f]  # (this switch)
+    finally:
+        numpy.allclose = saved_allclose
+        torch.nn.Linear.forward = saved_forward
+    assert fast == full
+    if change is _the_same_value_put_back:
+        assert fast == []
+    else:
+        assert any(f in ("numpy.allclose was replaced", "torch.nn.modules.linear.Linear.forward was replaced")
+                   for f in fast), fast
 
 
 # Names a course cell binds that are still the student's work: the capstone's `model` is built

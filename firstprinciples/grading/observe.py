@@ -312,15 +312,18 @@ class Snapshot:
     snapshot lives), and two snapshots are compared by identities only: no ``==`` of an
     object that a student's code could have put there. A namespace whose identities did not
     change is passed over at C speed; only one that changed is looked at attribute by
-    attribute (``changes``). So a snapshot costs a few milliseconds, not a walk over the
-    66,000 attributes of torch in Python, and the re-check takes one after every cell."""
+    attribute (``changes``). A namespace whose dictionary was not written to since the
+    previous snapshot (its version tag, below) is not even read again: its entry is the
+    previous one. So a snapshot costs a few milliseconds, not a walk over the 54,000
+    attributes of torch in Python, and the re-check takes one after every cell."""
 
-    __slots__ = ("spaces", "classes", "extra")
+    __slots__ = ("spaces", "classes", "extra", "tags")
 
     def __init__(self):
         self.spaces: dict = {}  # key -> (keys, values, identities of keys and values)
         self.classes: dict = {}  # module name -> [(name, class)] of the classes it defines
         self.extra: dict = {}  # "sys", "sys.modules" -> {name: (identity, kind)}
+        self.tags: dict = {}  # key -> (the namespace's dict, its version tag) where the tag can be read
 
     def table(self, key) -> dict:
         """One namespace as {attribute: (identity, kind)}."""
@@ -331,6 +334,60 @@ class Snapshot:
 def _space(mapping) -> tuple:
     keys, values = tuple(mapping), tuple(mapping.values())
     return keys, values, (tuple(map(id, keys)), tuple(map(id, values)))
+
+
+# ---- dictionary version tags (PEP 509): CPython gives every dict a tag that changes at each
+# write (any insertion, replacement or deletion, from Python or C: its global-variable caches
+# rely on it). Where the tag can be read and behaves so, a namespace whose dict still has the
+# tag of the previous snapshot is unchanged and is not read again. Elsewhere (another
+# Python, one without the field, a layout that does not match: checked once, below) every
+# snapshot reads every namespace, as before.
+def _tag_reader():
+    import ctypes
+    import gc
+
+    if sys.implementation.name != "cpython" or not (3, 11) <= sys.version_info[:2] <= (3, 13):
+        return None
+    header = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)  # PyObject_HEAD
+    used, tag = header, header + ctypes.sizeof(ctypes.c_ssize_t)  # PyDictObject: ma_used, ma_version_tag
+    read_used = lambda d: ctypes.c_ssize_t.from_address(id(d) + used).value  # noqa: E731
+    read = lambda d: ctypes.c_uint64.from_address(id(d) + tag).value  # noqa: E731
+    try:
+        d = {"a": 1, "b": 2}
+        if read_used(d) != 2 or read_used({}) != 0:
+            return None  # not the layout this expects
+        seen = [read(d)]
+        d["a"] = 3  # a replacement
+        seen.append(read(d))
+        seen.append(read(d))  # (no write: the same)
+        del d["b"]  # a deletion
+        seen.append(read(d))
+        d.update(c=4)  # an insertion, from C
+        seen.append(read(d))
+        owner = type("Probe", (), {})
+        (inner,) = gc.get_referents(owner.__dict__)
+        before = read(inner)
+        owner.x = 1  # a class's attribute set
+        if not (seen[0] != seen[1] == seen[2] != seen[3] != seen[4] and len(set(seen)) == 4 and read(inner) != before):
+            return None
+    except Exception:  # noqa: BLE001
+        return None
+    return read
+
+
+_read_tag = _tag_reader()
+_get_referents = __import__("gc").get_referents
+
+
+def _dict_of(namespace):
+    """The dict behind a module's ``__dict__`` or a class's mapping proxy (None: not found)."""
+    if type(namespace) is dict:
+        return namespace
+    if type(namespace) is types.MappingProxyType:
+        inner = _get_referents(namespace)
+        if len(inner) == 1 and type(inner[0]) is dict:
+            return inner[0]
+    return None
 
 
 def snapshot(previous: Snapshot | None = None) -> Snapshot:
@@ -360,28 +417,56 @@ def _snapshot(previous: Snapshot | None) -> Snapshot:
 
 def _take(previous: Snapshot | None) -> Snapshot:
     state = Snapshot()
+    spaces, tags, read = state.spaces, state.tags, _read_tag
+    old_spaces = previous.spaces if previous is not None else {}
+    old_tags = previous.tags if previous is not None else {}
+
+    def space(key, namespace) -> bool:
+        """The namespace's entry: the previous snapshot's if its dict was not written to since
+        (then True), else read now."""
+        d = namespace if type(namespace) is dict else _dict_of(namespace)
+        if d is not None and read is not None:
+            tag = read(d)
+            tags[key] = (d, tag)  # (held: the dict's identity cannot be reused while this lives)
+            was = old_tags.get(key)
+            # (identities and integers only: no == of a dict whose values a student's code chose)
+            if was is not None and was[0] is d and was[1] == tag and key in old_spaces:
+                spaces[key] = old_spaces[key]
+                return True
+        spaces[key] = _space(namespace)
+        return False
+
+    loaded = {}
     for name, module in list(sys.modules.items()):
-        if not _watched(name) or name.startswith(VOLATILE):  # (changes passes over the volatile ones)
+        watched = _WATCHED.get(name)
+        if watched is None:
+            watched = _WATCHED[name] = (_watched(name), name.startswith(VOLATILE))
+        if not watched[0]:
+            continue
+        loaded[name] = (id(module), True)
+        if watched[1]:  # (changes passes over the volatile ones)
             continue
         d = getattr(module, "__dict__", None) if module is not None else None
         if not isinstance(d, dict):
             continue
-        space = state.spaces[name] = _space(d)
-        old = previous.spaces.get(name) if previous is not None else None
-        if old is not None and old[2] == space[2] and name in previous.classes:
+        unchanged = space(name, d)
+        if name in old_spaces and (unchanged or old_spaces[name][2] == spaces[name][2]) and name in previous.classes:
             classes = previous.classes[name]  # the same objects under the same names
         else:
-            classes = [(k, v) for k, v in zip(space[0], space[1])
+            classes = [(k, v) for k, v in zip(*spaces[name][:2])
                        if issubclass(type(v), type) and v.__dict__.get("__module__") == name]
         state.classes[name] = classes
         for k, cls in classes:
-            state.spaces[(name, k)] = _space(cls.__dict__)
+            space((name, k), cls.__dict__)
     hooks = {h: (id(getattr(sys, h, None)), True) for h in HOOKS}
     hooks.update(meta_path=(hash(tuple(map(id, sys.meta_path))), True),
                  path_hooks=(hash(tuple(map(id, sys.path_hooks))), True), __import__=(id(builtins.__import__), True))
     state.extra["sys"] = hooks
-    state.extra["sys.modules"] = {k: (id(m), True) for k, m in list(sys.modules.items()) if _watched(k)}
+    state.extra["sys.modules"] = loaded
     return state
+
+
+_WATCHED: dict = {}  # module name -> (watched, volatile): the same for a name at every snapshot
 
 
 # modules whose attributes torch or numpy rebind themselves while they work (never a student's doing)
@@ -432,7 +517,7 @@ def _differing(before: Snapshot, after: Snapshot):
     for key, (_keys, _values, ids) in before.spaces.items():
         module = key[0] if isinstance(key, tuple) else key
         now = after.spaces.get(key)
-        if now is None or now[2] == ids or module.startswith(VOLATILE):
+        if now is None or now[2] is ids or now[2] == ids or module.startswith(VOLATILE):
             continue
         yield key, before.table(key), after.table(key)
     for key, attrs in before.extra.items():

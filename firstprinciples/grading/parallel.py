@@ -96,6 +96,7 @@ from .sandbox import sweep_cgroups
 from .warm import Template as WarmTemplate
 from .warm import WarmKernelManager
 from .warm import available as warm_available
+from .warm import set_name
 
 MARKER = ".fp-grading-incomplete"
 SHARD_ENV = "FP_GRADING_SHARD"
@@ -608,6 +609,7 @@ class ParallelAutograde(Autograde):
         code = 1
         try:
             WarmTemplate.adopt(w)
+            set_name(f"fp-grader-{w + 1}")  # (as ps, top and perf show it)
             if sys.platform.startswith("linux"):  # die with the command, even on kill -9
                 _die_with(os.getppid())()
             for sig in (signal.SIGTERM, signal.SIGHUP):

@@ -95,7 +95,7 @@ READY_TIMEOUT = 60  # seconds for a sandbox to be set up (normally milliseconds)
 
 _NS = (("user", 0x10000000), ("cgroup", 0x02000000), ("ipc", 0x08000000), ("uts", 0x04000000),
        ("net", 0x40000000), ("pid", 0x20000000), ("mnt", 0x00020000))
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP, _PR_SET_CHILD_SUBREAPER = 1, 38, 24, 36
+_PR_SET_PDEATHSIG, _PR_SET_NAME, _PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP, _PR_SET_CHILD_SUBREAPER = 1, 15, 38, 24, 36
 
 
 class WarmError(RuntimeError):
@@ -701,9 +701,18 @@ def _enter(request: dict, libc) -> None:
         os.close(fd)
 
 
+def set_name(name: str, libc=None) -> None:
+    """The process's name as ``ps``, ``top`` and ``perf`` show it (Linux: at most 15 bytes)."""
+    try:
+        (libc or _libc()).prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _become(socks: list, request: dict, fds: list[int], libc) -> None:
     code = 1
     try:
+        set_name(f"fp-{request.get('kind', 'child')}", libc)
         keep = _adopt(socks, fds)
         os.setsid()  # a session and process group of its own, as a cold kernel has
         os.chdir(request["cwd"])
@@ -818,6 +827,7 @@ def _run(request: dict) -> int:
 
 def main() -> None:
     socks = [socket.socket(fileno=int(fd)) for fd in os.environ.pop("FP_WARM_SOCKET").split(",")]
+    set_name("fp-template")
     import importlib
 
     for name in PRELOAD:
