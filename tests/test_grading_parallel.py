@@ -261,6 +261,52 @@ def test_feedback_leaves_the_marker_out(graded):
 
 
 # ------------------------------------------------------------------ units
+TORCH_PROBE = """
+import json, os, sys
+from firstprinciples.grading import parallel
+from nbgrader.apps.nbgraderapp import main
+
+grade = parallel.ParallelAutograde._grade_shard
+def probed(self, shard):  # in each worker, after its shard: had this process imported torch?
+    grade(self, shard)
+    open(f"worker-{os.getpid()}.json", "w").write(json.dumps("torch" in sys.modules))
+parallel.ParallelAutograde._grade_shard = probed
+sys.argv = ["nbgrader", "autograde", "softmax", *sys.argv[1:]]
+try:
+    main()
+except SystemExit:
+    pass
+print("command imported torch:", "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("service", [True, False])
+def test_where_the_template_decides_no_grading_process_imports_torch(tmp_path, service):
+    """With warm kernels, each worker's re-check decides in a service forked from the template
+    (verdicts.Service): neither the command nor its workers import torch (the command forks
+    its workers a second sooner). Without the service, the command imports it once before it
+    forks, so that its workers do not each import it. The grades are the same."""
+    import json
+    import subprocess
+    import sys
+
+    course = make_course(tmp_path)
+    nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
+    for kind in ("correct", "naive", "untouched"):
+        submit(course, kind, answers_of(kind))
+    (course / "probe.py").write_text(TORCH_PROBE)
+    env = {**os.environ, "FP_GRADING_WORKERS": "2", "KINETO_LOG_LEVEL": "5"}
+    env.pop("FP_GRADING_COLD", None)
+    args = [] if service else ["--RobustExecute.recheck_service=False"]
+    proc = subprocess.run([sys.executable, "probe.py", *args], cwd=course, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert f"command imported torch: {not service}" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    workers = [json.loads(p.read_text()) for p in course.glob("worker-*.json")]
+    assert workers == [not service] * 2, workers
+    grades = {r["student_id"]: float(r["score"]) for r in read_export(course)}
+    assert grades == {k: GRADES[k] for k in ("correct", "naive", "untouched")}, grades
+
+
 def test_only_the_command_line_fans_out():
     from firstprinciples.grading.parallel import looks_like_cli, shard_of, threads_per_worker
 

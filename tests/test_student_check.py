@@ -132,7 +132,7 @@ def test_the_service_decides_exactly_as_the_grading_process(notebooks, answers, 
     seed, limits = 20261202, trusted.Limits(piece=45.0, total=300.0)
     here, there = nbformat.from_dict(nb), nbformat.from_dict(nb)
     local = verdicts.decide(here, trusted.make_plan(here, seed), hung, slow, 60.0, limits, False)
-    service = verdicts.Service(there, seed, None)
+    service = verdicts.Service.begin(there, seed, None)
     try:
         assert service.tested() == verdicts.tested_pieces(there)
         remote = service.decide(there, hung, slow, 60.0, limits, False)
@@ -149,6 +149,42 @@ def test_the_service_decides_exactly_as_the_grading_process(notebooks, answers, 
             assert any("scaled_dot_product_attention" in r for r in failed.values()), failed
         if hung:
             assert all("did not return within 60.0 s in test_masks" in r for r in failed.values()), failed
+
+
+@LINUX
+def test_one_service_decides_notebook_after_notebook_as_the_grading_process(notebooks):
+    """A grading worker keeps its service for its whole shard: given a correct, a wrong and an
+    untouched notebook in turn (each with its own seed), it decides each as the grading process
+    does; one left in the middle of a notebook (no decision asked) is replaced, and the next
+    notebook's verdict is still right."""
+    from firstprinciples.grading import trusted, verdicts
+
+    limits = trusted.Limits(piece=45.0, total=300.0)
+    pids = []
+    try:
+        for seed, answers in enumerate(["correct", "no_scaling", "untouched", "correct"], start=7):
+            nb = nbformat.read(notebooks[answers], as_version=4)
+            here, there = nbformat.from_dict(nb), nbformat.from_dict(nb)
+            local = verdicts.decide(here, trusted.make_plan(here, seed), {}, set(), 60.0, limits, False)
+            service = verdicts.Service.begin(there, seed, None)
+            pids.append(service.proc.pid)
+            assert service.decide(there, {}, set(), 60.0, limits, False) == local, answers
+            assert [c.get("outputs") for c in there.cells] == [c.get("outputs") for c in here.cells]
+            service.release()
+            assert bool(local[0]) == (answers != "correct")
+        assert len(set(pids)) == 1, "the service was not kept from one notebook to the next"
+        abandoned = verdicts.Service.begin(nbformat.read(notebooks["correct"], as_version=4), 1, None)
+        abandoned.release()  # (its notebook ended without a decision: it is stopped)
+        assert not abandoned.alive()
+        nb = nbformat.read(notebooks["no_scaling"], as_version=4)
+        here, there = nbformat.from_dict(nb), nbformat.from_dict(nb)
+        fresh = verdicts.Service.begin(there, 3, None)
+        assert fresh is not abandoned
+        assert fresh.decide(there, {}, set(), 60.0, limits, False) == verdicts.decide(
+            here, trusted.make_plan(here, 3), {}, set(), 60.0, limits, False)
+    finally:
+        for service in list(verdicts.Service._current.values()):
+            service.close()
 
 
 @LINUX

@@ -63,9 +63,9 @@ class RobustExecute(Execute):
     notebook_timeout = Integer(300, help="Seconds of cell execution one notebook may use; later cells are not run.").tag(config=True)
     recheck_timeout = Float(300.0, help="Seconds the trusted re-check of one notebook may use in all.").tag(config=True)
     recheck_piece_timeout = Float(45.0, help="Seconds the trusted re-check may spend on one piece.").tag(config=True)
-    recheck_service = Bool(False, help="Make the trusted re-check's decisions in a child of the warm template "
-                                       "(verdicts.Service) instead of this process, which then never imports "
-                                       "torch (the students' check command).").tag(config=True)
+    recheck_service = Bool(None, allow_none=True, help="Make the trusted re-check's decisions in a child of "
+                           "the warm template (verdicts.Service) instead of this process, which then never imports "
+                           "torch. Default: wherever kernels are warm (warm.available()).").tag(config=True)
 
     # ------------------------------------------------------------ output cap
     def _count(self, cell_index: int, msg: dict) -> bool:
@@ -133,7 +133,8 @@ class RobustExecute(Execute):
 
         self._budget_end = time.monotonic() + self.notebook_timeout
         self._service = None  # started with the first kernel (async_start_new_kernel)
-        self._want_service = self.trusted_verdicts and self.recheck_service
+        self._want_service = self.trusted_verdicts and (
+            warm.available() if self.recheck_service is None else self.recheck_service)
         known: dict = {}
 
         def tested() -> dict:
@@ -148,7 +149,7 @@ class RobustExecute(Execute):
                 await self._cells(tested, failed_at_once, clean)
         finally:
             if self._service is not None:
-                self._service.close()
+                self._service.release()  # (kept for this process's next notebook)
                 self._service = None
         self.set_widgets_metadata()
 
@@ -168,7 +169,7 @@ class RobustExecute(Execute):
 
     def _start_service(self):
         try:
-            return verdicts.Service(self.nb, *self._plan_inputs())
+            return verdicts.Service.begin(self.nb, *self._plan_inputs(), template=self._sandboxed())
         except verdicts.ServiceError as e:
             warm._cold_note(e)
             return None

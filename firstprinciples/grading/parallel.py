@@ -519,15 +519,17 @@ class ParallelAutograde(Autograde):
         threads = str(threads_per_worker(workers))
         self.log.info("Grading %d submissions with %d workers (%s thread(s) each)",
                       len(submissions), workers, threads)
-        # Each worker's template (warm.py) starts now, so that its imports overlap these:
-        # what every worker needs is loaded once, here, and shared by fork, so that a worker
-        # starts grading at once instead of paying for `python -m nbgrader` and torch again.
-        self._start_templates(workers, threads)
-        from . import probes, trusted  # noqa: F401
-        from .warm import preload_first_backward
+        # The workers' template (warm.py) starts now, so that its imports overlap these: what
+        # every worker needs is loaded once, here, and shared by fork, so that a worker starts
+        # grading at once instead of paying for `python -m nbgrader` again. Where the workers'
+        # re-check decides in a service forked from the template (verdicts.Service), this
+        # process never needs torch; elsewhere each worker would import it: it is imported here.
+        if not (self._start_templates(workers, threads) and self._decides_in_service()):
+            from . import probes, trusted  # noqa: F401
+            from .warm import preload_first_backward
 
-        probes.load()
-        preload_first_backward()  # what each worker's first reference result would import: once, here
+            probes.load()
+            preload_first_backward()  # what each worker's first reference result would import: once, here
         import IPython  # noqa: F401 (jupyter_client's kernel-spec lookup imports it: 0.44 s in each worker)
         # What this process has made so far is moved out of the collector's generations: the
         # workers' collections then walk only what each makes itself, not torch's and nbgrader's
@@ -584,15 +586,24 @@ class ParallelAutograde(Autograde):
         self.log.error(msg)
         raise NbGraderException(msg)
 
-    def _start_templates(self, workers: int, threads: str) -> None:
-        """One template for each worker, of the kind its kernels need, started ahead."""
+    def _start_templates(self, workers: int, threads: str) -> bool:
+        """The workers' template, of the kind their kernels need, started ahead (True: it was)."""
         if not warm_available():
-            return
+            return False
         sandboxed = self.config.get("Execute", {}).get("kernel_name") == "fp-sandbox"
         try:
             WarmTemplate.start_ahead(workers, sandboxed, {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
         except OSError as e:  # (each worker then starts its own when it needs it)
             self.log.warning("Could not start the kernels' templates ahead: %s", e)
+            return False
+        return True
+
+    def _decides_in_service(self) -> bool:
+        """Will the workers' RobustExecute make the re-check's decisions in the template's service?"""
+        from .execute import RobustExecute
+
+        execute = RobustExecute(config=self.config)  # (a value from the command line is parsed by its trait)
+        return bool(execute.trusted_verdicts) and execute.recheck_service is not False
 
     @staticmethod
     def _reap_templates(procs) -> None:
@@ -618,9 +629,8 @@ class ParallelAutograde(Autograde):
             os.dup2(output, 2)
             os.close(output)
             os.environ.update({SHARD_ENV: f"{w + 1}/{workers}", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
-            import torch
-
-            torch.set_num_threads(int(threads))
+            if "torch" in sys.modules:  # (else torch reads OMP_NUM_THREADS where it is first imported)
+                sys.modules["torch"].set_num_threads(int(threads))
             asyncio.set_event_loop(None)  # kernels are driven by an event loop of this process's own
             jupyter_core.utils._loop.set(None)
             target(shard)

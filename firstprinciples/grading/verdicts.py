@@ -4,29 +4,31 @@
 their results compared with the course's reference, the verdict made final in every test cell
 (``trusted.apply``). Where it runs:
 
-- **grading** (``nbgrader autograde``): in the grader's worker itself, which imported torch before
-  it forked (the reference's results need it);
-- **the students' check command**: its process never imports torch. Its kernel and its runner are
-  forked from the template (``warm``), which has torch imported, and so is its trusted side: a
-  third child of the template, ``serve``, started beside the kernel (``Service``). It is trusted
-  code only (the template's clean state, then this module; it never runs a cell of the notebook
-  and never loads the student's code) and it asks the template for the runner as the grader does.
-  While the kernel runs the cells it makes the plan and computes the reference's results, on the
-  other core; when the cells are done it gets the executed notebook, decides, and sends back the
-  test cells' final outputs. The check command's process thus imports neither torch (1.4 s) nor
-  what torch's first backward pass imports, and its verdicts come from the same functions as the
-  grader's.
+- **wherever kernels are warm** (``nbgrader autograde``'s workers, the students' check command):
+  in a service. The grading process never imports torch: its kernels and runners are forked
+  from the template (``warm``), which has torch imported, and so is its trusted side: one more
+  child of the template, ``serve`` (``Service``), started beside the process's first kernel and
+  kept for its later notebooks (a grading worker's whole shard). It is trusted code only (the
+  template's clean state, then this module; it never runs a cell of a notebook and never loads
+  a student's code) and it asks the template for the runners as the grader would. While a
+  kernel runs the cells it makes the plan and computes the reference's results, on the other
+  core; when the cells are done it gets the executed notebook, decides, and sends back the test
+  cells' final outputs. So the check command's process imports neither torch (1.4 s) nor what
+  torch's first backward pass imports, the grading command forks its workers without them (a
+  second sooner, and 1.3 CPU-seconds less a command), and the verdicts come from the same
+  functions as where kernels are cold;
+- **where the template cannot be used** (no fork, not Linux, ``FP_GRADING_COLD``, or
+  ``c.RobustExecute.recheck_service = False``): in the grading process itself (the grading command
+  then imports torch once, before it forks its workers).
 
-Where the template cannot be used (no fork, not Linux, ``FP_GRADING_COLD``), the check decides in
-its own process, as the grader does.
-
-The service's protocol, one JSON document a line on its standard input and output: the check
-sends ``{"nb", "seed", "sources"}`` and the service answers ``{"tested"}`` (test cell index ->
-the pieces it tests); then the check sends ``{"nb" (executed), "hung", "slow", "cell_limit",
-"limits", "sandboxed"}`` and the service answers ``{"outputs" (test cell index -> outputs),
-"failed" (index -> reason), "notes"}``. A service that dies, answers nonsense or stays silent
-(``ANSWER_WAIT`` beyond the re-check's own limit) raises ``ServiceError``: the check then decides
-in its own process.
+The service's protocol, one JSON document a line on its standard input and output, for each
+notebook in turn: the grading process sends ``{"nb", "seed", "sources"}`` and the service answers
+``{"tested"}`` (test cell index -> the pieces it tests); then it sends ``{"nb" (executed), "hung",
+"slow", "cell_limit", "limits", "sandboxed"}`` and the service answers ``{"outputs"`` (test cell
+index -> outputs), ``"failed"`` (index -> reason), ``"notes"}``. A notebook that ends without
+asking for its decision stops the service (the next one gets a new one). A service that dies,
+answers nonsense or stays silent (``ANSWER_WAIT`` beyond the re-check's own limit) raises
+``ServiceError``: the grading process then decides that notebook in its own process.
 """
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ def reference_ahead(plan) -> None:
             check.expected = trusted.reference_results(check)
 
 
-# ================================================================ the check command's side
+# ================================================================ the grading process's side
 ANSWER_WAIT = 120.0  # seconds the service may take to answer, beyond the re-check's own limit
 
 
@@ -76,16 +78,41 @@ class ServiceError(RuntimeError):
 
 
 class Service:
-    """The trusted side of one notebook's check, in a child of the template (``serve``)."""
+    """The trusted side of this process's checks, in a child of the template (``serve``): one a
+    process, given one notebook after another (a grading worker's whole shard)."""
 
-    def __init__(self, nb, seed: int, sources: set | None):
-        import nbformat
+    _current: dict = {}  # (pid of the owning process, template) -> Service
 
+    @classmethod
+    def begin(cls, nb, seed: int, sources: set | None, template: bool = False) -> "Service":
+        """This process's service, started on first use (or when the last one is gone, or was
+        left in the middle of a notebook), making ``nb``'s plan and reference results now.
+        ``template``: which of this process's templates forks it (the one for sandboxed
+        children, or for plain ones: the one its kernels come from)."""
+        key = (os.getpid(), template)
+        service = cls._current.pop(key, None)
+        if service is not None and (service._busy or not service.alive()):
+            service.close()
+            service = None
+        if service is not None:
+            try:
+                service._start(nb, seed, sources)
+            except ServiceError:  # it ended since its last notebook: a new one
+                service.close()
+                service = None
+        if service is None:
+            service = cls(template)
+            service._start(nb, seed, sources)
+        cls._current[key] = service
+        return service
+
+    def __init__(self, template: bool = False):
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         try:
             self.proc = warm.launch("verdicts", sandboxed=False, fds=[in_r, out_w, 2], cwd=os.getcwd(),
-                                    env={**os.environ, "KINETO_LOG_LEVEL": "5", "PYTHONDONTWRITEBYTECODE": "1"})
+                                    env={**os.environ, "KINETO_LOG_LEVEL": "5", "PYTHONDONTWRITEBYTECODE": "1"},
+                                    template=template)
         except warm.WarmError as e:
             os.close(in_w)
             os.close(out_r)
@@ -95,7 +122,16 @@ class Service:
             os.close(out_w)
         self._to, self._from = os.fdopen(in_w, "w"), os.fdopen(out_r, "r")
         self._tested = None
+        self._busy = False  # a notebook was given and its decision not yet received
+
+    def _start(self, nb, seed: int, sources: set | None) -> None:
+        import nbformat
+
+        self._tested, self._busy = None, True
         self._send({"nb": nbformat.writes(nb), "seed": seed, "sources": sorted(sources) if sources else None})
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
 
     def _send(self, doc: dict) -> None:
         try:
@@ -132,9 +168,16 @@ class Service:
         self._send({"nb": nbformat.writes(nb), "hung": hung, "slow": sorted(slow), "cell_limit": cell_limit,
                     "limits": vars(limits), "sandboxed": sandboxed})
         doc = self._receive("outputs", "failed", "notes", wait=limits.total + ANSWER_WAIT)
+        self._busy = False
         for index, outputs in doc["outputs"].items():
             nb.cells[int(index)]["outputs"] = [nbformat.from_dict(o) for o in outputs]
         return {int(k): v for k, v in doc["failed"].items()}, list(doc["notes"])
+
+    def release(self) -> None:
+        """The notebook is done: the service is kept for the next one if it has answered all it
+        was asked, else it is stopped (the next notebook gets a new one)."""
+        if self._busy or not self.alive():
+            self.close()
 
     def close(self) -> None:
         for f in (self._to, self._from):
@@ -144,6 +187,9 @@ class Service:
                 pass
         self.proc.kill()
         self.proc.wait()
+        for key, service in list(Service._current.items()):
+            if service is self:
+                del Service._current[key]
 
 
 # ================================================================ the service's side
@@ -167,26 +213,33 @@ class _Parent:
 
 
 def serve(template: socket.socket) -> None:
-    """The service (a child of the template, with ``template`` its own connection to it)."""
+    """The service (a child of the template, with ``template`` its own connection to it): the
+    notebooks of its process, one after another, until that process closes its input."""
     import nbformat
 
     t = warm.Template(False, _proc=_Parent(os.getppid()), _sock=template)
     t._child = False  # (its parent: alive() looks at /proc)
-    warm.Template._current[(os.getpid(), False)] = t
-    first = json.loads(sys.stdin.readline())
-    nb = nbformat.reads(first["nb"], as_version=4)
-    _answer({"tested": tested_pieces(nb)})
-    plan = trusted.make_plan(nb, int(first["seed"]), set(first["sources"]) if first["sources"] else None)
-    reference_ahead(plan)
-    line = sys.stdin.readline()
-    if not line:
-        return  # (the check ended first)
-    second = json.loads(line)
-    nb = nbformat.reads(second["nb"], as_version=4)
-    plan.nb = nb
-    failed, notes = decide(nb, plan, second["hung"], second["slow"], second["cell_limit"],
-                           trusted.Limits(**second["limits"]), bool(second["sandboxed"]))
-    _answer({"outputs": {i: nb.cells[i].get("outputs", []) for i in plan.graded}, "failed": failed, "notes": notes})
+    for sandboxed in (False, True):  # its runners, sandboxed or not, come from the template it came from
+        warm.Template._current[(os.getpid(), sandboxed)] = t
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return  # (its process is done)
+        first = json.loads(line)
+        nb = nbformat.reads(first["nb"], as_version=4)
+        _answer({"tested": tested_pieces(nb)})
+        plan = trusted.make_plan(nb, int(first["seed"]), set(first["sources"]) if first["sources"] else None)
+        reference_ahead(plan)
+        line = sys.stdin.readline()
+        if not line:
+            return
+        second = json.loads(line)
+        nb = nbformat.reads(second["nb"], as_version=4)
+        plan.nb = nb
+        failed, notes = decide(nb, plan, second["hung"], second["slow"], second["cell_limit"],
+                               trusted.Limits(**second["limits"]), bool(second["sandboxed"]))
+        _answer({"outputs": {i: nb.cells[i].get("outputs", []) for i in plan.graded}, "failed": failed,
+                 "notes": notes})
 
 
 def _answer(doc: dict) -> None:

@@ -28,9 +28,10 @@ For each notebook's kernel, and for each run of the trusted re-check, the grader
    sandbox with it, exactly as a cold kernel's sandbox does. Killing it (nbclient's
    "immediate" shutdown, a hang) kills the sandbox and the kernel.
 
-The students' check command asks for one more kind of child, never sandboxed: its trusted
-re-check's side (``verdicts.serve``), which runs no student code and gets a connection of its
-own to the template, to ask for the re-check's runner in turn (``CONNECTED``). The template
+A grading process (a grading command's worker, the students' check command) asks for one more
+kind of child, never sandboxed, once: its trusted re-check's side (``verdicts.serve``), which
+runs no student code, serves that process's notebooks one after another, and gets a connection
+of its own to the template, to ask for the re-check's runners in turn (``CONNECTED``). The template
 does what only the re-check's children need (the probes' registry, a first snapshot) when it
 is first idle, so a kernel asked for at once does not wait for it.
 
@@ -87,7 +88,7 @@ PRELOAD = ("torch", "numpy", "numpy.random", "IPython", "ipykernel.kernelapp", "
            "ipykernel.debugger", "tornado.queues", "tornado.locks", "firstprinciples.checks",
            "firstprinciples.reference", "firstprinciples.grading.recheck", FIRST_BACKWARD)
 # The kinds of child that get a connection of their own to the template, to ask for children in
-# turn: the check command's trusted re-check service (``verdicts``; never sandboxed, it runs no
+# turn: a grading process's trusted re-check service (``verdicts``; never sandboxed, it runs no
 # student code), which starts the re-check's runners.
 CONNECTED = ("verdicts",)
 HOLD = ["/bin/sh", "-c", "echo ready; exec cat >/dev/null"]  # the sandbox's placeholder
@@ -304,10 +305,13 @@ def _rmdir(path: str) -> bool:
 
 
 def launch(kind: str, *, sandboxed: bool, fds: list[int], argv: list[str] | None = None, cwd: str = "/tmp",
-           binds=(), ro_binds=(), env: dict | None = None, preexec=None) -> WarmProcess:
+           binds=(), ro_binds=(), env: dict | None = None, preexec=None, template: bool | None = None) -> WarmProcess:
     """Start a warm ``kind`` ("kernel", "recheck", or unsandboxed "verdicts") with standard input, output and error
-    ``fds``: in a new sandbox (``sandboxed``) or as a plain process. Raises WarmError when
-    the template cannot do it (the caller starts a cold one instead)."""
+    ``fds``: in a new sandbox (``sandboxed``) or as a plain process, forked by this process's
+    template for sandboxed or for plain children (``template``; default: ``sandboxed``). Raises
+    WarmError when the template cannot do it (the caller starts a cold one instead). ``preexec``:
+    run in a plain child's placeholder before its exec (a sandbox dies with this process by
+    bubblewrap's own --die-with-parent)."""
     from . import sandbox
 
     hold_r, hold_w = os.pipe()
@@ -328,12 +332,16 @@ def launch(kind: str, *, sandboxed: bool, fds: list[int], argv: list[str] | None
                 # ipykernel at its import, in the template): without it, ipykernel prints its console banner
                 argv = [*(argv or []), f"--IPKernelApp.parent_handle={Template.get(False).proc.pid}"]
 
-        def before():
-            if preexec is not None:
-                preexec()
-            for g in groups:  # the placeholder too: the sandbox's cgroup namespace is rooted there
-                with open(os.path.join(g, "cgroup.procs"), "w") as f:
-                    f.write(str(os.getpid()))
+        if sandboxed:
+            # The placeholder joins the sandbox's cgroups (the sandbox's cgroup namespace is rooted
+            # there) from a shell that then becomes bubblewrap, which dies with this process
+            # (--die-with-parent): no Python code runs between fork and exec, so the holder is
+            # started with vfork, not a fork that copies this process's page tables (a grading
+            # process that holds torch: about 10 ms and thousands of page faults a sandbox).
+            cmd = _joining(groups, os.getpid(), cmd)
+            before = None
+        else:
+            before = preexec
 
         holder = subprocess.Popen(cmd, stdin=hold_r, stdout=ready_w, stderr=subprocess.DEVNULL,
                                   pass_fds=[info_w] if sandboxed else [], preexec_fn=before,
@@ -344,7 +352,7 @@ def launch(kind: str, *, sandboxed: bool, fds: list[int], argv: list[str] | None
         ns_pid = _read_ready(ready_r, info_r if sandboxed else None, holder)
         request = {"kind": kind, "ns_pid": ns_pid, "cgroups": groups, "env": child_env, "cwd": cwd,
                    "argv": argv or [], "rlimits": rlimits, "drop_caps": sandboxed}
-        pid = Template.get(sandboxed).spawn(request, [*fds, hold_w])
+        pid = Template.get(sandboxed if template is None else template).spawn(request, [*fds, hold_w])
         return WarmProcess(holder, pid, groups)
     except BaseException:
         if holder is not None and holder.poll() is None:
@@ -360,6 +368,16 @@ def launch(kind: str, *, sandboxed: bool, fds: list[int], argv: list[str] | None
                     os.close(fd)
                 except OSError:
                     pass
+
+
+def _joining(groups: list, parent: int, cmd: list) -> list:
+    """``cmd`` run by a shell that first checks that its parent is still ``parent`` and writes its
+    own pid into each of ``groups``' ``cgroup.procs`` (a failure: it exits instead)."""
+    import shlex
+
+    steps = [f'[ "$PPID" = {int(parent)} ]'] + [f"echo $$ > {shlex.quote(os.path.join(g, 'cgroup.procs'))}"
+                                                for g in groups]
+    return ["/bin/sh", "-c", " && ".join(steps) + ' && exec "$@"', "sh", *cmd]
 
 
 def kernel_request(kernel_cmd: list[str]) -> dict | None:
