@@ -635,6 +635,7 @@ def _fork(socks: list, request: dict, fds: list[int], libc) -> tuple[dict, socke
     pid = os.fork()
     if pid == 0:
         try:
+            set_name(f"fp-{request.get('kind', 'child')}", libc)  # (before its pid is known: ps never sees it unnamed)
             os.close(back_r)
             if theirs is not None:  # kept at fd 4 by _adopt
                 mine.detach()
@@ -730,7 +731,6 @@ def set_name(name: str, libc=None) -> None:
 def _become(socks: list, request: dict, fds: list[int], libc) -> None:
     code = 1
     try:
-        set_name(f"fp-{request.get('kind', 'child')}", libc)
         keep = _adopt(socks, fds)
         os.setsid()  # a session and process group of its own, as a cold kernel has
         os.chdir(request["cwd"])
