@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -95,6 +96,9 @@ def export(course: Path) -> dict:
         return {(r["assignment"], r["student_id"]): (float(r["score"]), r.get("notes", "")) for r in csv.DictReader(f)}
 
 
+WALL_TIME = re.compile(r"(trained in) \d+(?:\.\d+)? s")
+
+
 def graded_outputs(course: Path, assignment: str) -> dict:
     """(student, notebook, cell id) -> what the student sees of each cell: its outputs' text,
     without execution counts or timings (the feedback is generated from exactly this).
@@ -103,7 +107,8 @@ def graded_outputs(course: Path, assignment: str) -> dict:
     them and as the feedback shows them: how a kernel splits what a cell prints into
     messages depends on timing (ipykernel sends what was printed every 0.2 s), not on the
     cell (a cell that prints for seconds, the capstone's training, comes in one or more
-    pieces from run to run)."""
+    pieces from run to run). The wall time that the capstone's training cell prints
+    ("trained in 7.8 s") is left out too: it is the one output that differs by nature."""
     out = {}
     for path in sorted((course / "autograded").glob(f"*/{assignment}/*.ipynb")):
         nb = nbformat.read(path, as_version=4)
@@ -117,7 +122,8 @@ def graded_outputs(course: Path, assignment: str) -> dict:
                     seen[-1] = {**seen[-1], "text": seen[-1].get("text", "") + o.get("text", "")}
                 else:
                     seen.append(o)
-            out[key] = seen
+            out[key] = [{**o, "text": WALL_TIME.sub(r"\1 (seconds)", o.get("text", ""))}
+                        if o.get("output_type") == "stream" else o for o in seen]
     return out
 
 
