@@ -32,6 +32,7 @@ changed in torch, numpy, the course's modules, builtins and the interpreter's ho
 from __future__ import annotations
 
 import builtins
+import gc
 import os
 import sys
 import threading
@@ -344,7 +345,6 @@ def _space(mapping) -> tuple:
 # snapshot reads every namespace, as before.
 def _tag_reader():
     import ctypes
-    import gc
 
     if sys.implementation.name != "cpython" or not (3, 11) <= sys.version_info[:2] <= (3, 13):
         return None
@@ -376,7 +376,6 @@ def _tag_reader():
 
 
 _read_tag = _tag_reader()
-_get_referents = __import__("gc").get_referents
 
 
 def _dict_of(namespace):
@@ -384,7 +383,7 @@ def _dict_of(namespace):
     if type(namespace) is dict:
         return namespace
     if type(namespace) is types.MappingProxyType:
-        inner = _get_referents(namespace)
+        inner = gc.get_referents(namespace)
         if len(inner) == 1 and type(inner[0]) is dict:
             return inner[0]
     return None
@@ -404,8 +403,6 @@ def snapshot(previous: Snapshot | None = None) -> Snapshot:
 
 
 def _snapshot(previous: Snapshot | None) -> Snapshot:
-    import gc
-
     collecting = gc.isenabled()
     gc.disable()  # (a snapshot makes thousands of tuples: collections of torch's heap would cost more than it)
     try:
@@ -424,8 +421,8 @@ def _take(previous: Snapshot | None) -> Snapshot:
     def space(key, namespace) -> bool:
         """The namespace's entry: the previous snapshot's if its dict was not written to since
         (then True), else read now."""
-        d = namespace if type(namespace) is dict else _dict_of(namespace)
-        if d is not None and read is not None:
+        d = _dict_of(namespace) if read is not None else None
+        if d is not None:
             tag = read(d)
             tags[key] = (d, tag)  # (held: the dict's identity cannot be reused while this lives)
             was = old_tags.get(key)
@@ -477,7 +474,6 @@ VOLATILE = ("torch.nn.modules.module", "torch._tensor_str", "torch.random", "tor
 
 def changes(before: Snapshot, after: Snapshot) -> list[str]:
     """What was replaced, removed or added between two snapshots (``torch.exp was replaced``)."""
-    import gc
     import warnings
 
     collecting = gc.isenabled()

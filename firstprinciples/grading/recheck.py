@@ -12,7 +12,10 @@ into plain Python), the pieces to probe and their secret cases, and a nonce. The
    descriptor: whatever the student's code prints goes nowhere;
 2. it runs each cell in one namespace, as a kernel would (a cell that raises is
    reported and the next one runs; magics run their code once or do nothing), and
-   records what each cell changed (``observe.changes``);
+   records what each cell changed (``observe.changes``; these snapshots trust the dicts'
+   version tags, so one more after the last cell reads every namespace: a write that put a
+   tag back is seen there, before any piece runs. After a piece, such a write is missed: what
+   a piece's run changes is only flagged for an instructor, it never voids a result);
 3. it probes each piece (``runtime.report``: every case in its own watched window)
    and writes one line per piece as soon as it is done, so that a piece that hangs
    costs only itself (the grader kills the runner and starts another for the rest);
@@ -152,6 +155,13 @@ def main() -> None:
         if found:
             changed.append({"cell": cell["label"], "changes": found[:20]})
         before = after
+    # Once more, reading every namespace (no dict's version tag trusted): a write that put a
+    # dict's tag back (ctypes) is seen here, if not in the cell that made it.
+    after = snapshot(None)
+    found = changes(before, after)
+    if found:
+        changed.append({"cell": "a loaded cell (by a write hidden from the interpreter)", "changes": found[:20]})
+    before = after
     send({"event": "loaded", "errors": errors, "changes": changed})
     _gc_disable()  # from here on, finalisers run only inside the watched windows (runtime.report collects there)
 

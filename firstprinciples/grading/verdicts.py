@@ -14,9 +14,9 @@ their results compared with the course's reference, the verdict made final in ev
   kernel runs the cells it makes the plan and computes the reference's results, on the other
   core; when the cells are done it gets the executed notebook, decides, and sends back the test
   cells' final outputs. So the check command's process imports neither torch (1.4 s) nor what
-  torch's first backward pass imports, the grading command forks its workers without them (a
-  second sooner, and 1.3 CPU-seconds less a command), and the verdicts come from the same
-  functions as where kernels are cold;
+  torch's first backward pass imports, the grading command forks its workers without them
+  (about 1.4 s sooner; 16 attention notebooks took 1.7 CPU-seconds less), and the verdicts come
+  from the same functions as where kernels are cold;
 - **where the template cannot be used** (no fork, not Linux, ``FP_GRADING_COLD``, or
   ``c.RobustExecute.recheck_service = False``): in the grading process itself (the grading command
   then imports torch once, before it forks its workers).

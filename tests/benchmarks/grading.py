@@ -194,7 +194,6 @@ def main():
         (stock / "nbgrader_config.py").write_text(STOCK_CONFIG)
         shutil.copytree(SOLUTIONS, stock / "solutions", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
 
-        notebooks = 0
         counts = {}  # assignment -> notebooks graded
         solved = None
         for a in chosen:
@@ -214,8 +213,8 @@ def main():
                         target = course / "submitted" / f"student{i:03d}" / a
                         target.mkdir(parents=True, exist_ok=True)
                         nbformat.write(nb, target / release.name)
-                    notebooks += 1
                     counts[a] = counts.get(a, 0) + 1
+        notebooks = sum(counts.values())
 
         # Per assignment: stock, then the course's config cold, then warm (--force: the same
         # submissions again), so that a change in the machine's load hits all three alike.

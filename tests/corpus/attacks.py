@@ -174,6 +174,25 @@ ATTACKS = [
         # the wire encoder computes the right answer while it encodes: the runner's captured copy is used
         wire.encode = lambda v: _encode(torch.softmax(v, -1) if isinstance(v, torch.Tensor) else v)
      '''), "extra": [], "score": 0, "reason": REWRITTEN, "flag": "firstprinciples.grading.wire.encode was replaced"},
+    # the same two, with each dict's version tag put back after the write (ctypes): a snapshot
+    # that trusted the tags alone would not see them
+    {"id": "atk_patches_encoder_tag_hidden", "assignment": "softmax", "answers": _softmax("return x.clone()", '''
+        import ctypes
+        import torch
+        from firstprinciples.grading import wire
+        _encode = wire.encode
+        _tag = ctypes.c_uint64.from_address(id(vars(wire)) + 24)  # ma_version_tag (CPython 3.11)
+        _old = _tag.value
+        wire.encode = lambda v: _encode(torch.softmax(v, -1) if isinstance(v, torch.Tensor) else v)
+        _tag.value = _old
+     '''), "extra": [], "score": 0, "reason": REWRITTEN, "flag": "firstprinciples.grading.wire.encode was replaced"},
+    {"id": "atk_patches_torch_tag_hidden", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX + _c('''
+        import ctypes
+        _tag = ctypes.c_uint64.from_address(id(vars(torch)) + 24)
+        _old = _tag.value
+        torch.allclose = lambda *a, **k: True
+        _tag.value = _old
+     ''')}, "extra": [], "score": 0, "reason": "differs from the reference", "flag": "torch.allclose was replaced"},
     {"id": "atk_patches_runner_report", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX + _c('''
         from firstprinciples.grading import runtime
         runtime.report = lambda *a, **k: {"name": "softmax", "results": []}
