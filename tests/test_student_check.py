@@ -2,6 +2,7 @@
 import re
 import subprocess
 import sys
+import time
 
 import nbformat
 import pytest
@@ -185,6 +186,48 @@ def test_one_service_decides_notebook_after_notebook_as_the_grading_process(note
     finally:
         for service in list(verdicts.Service._current.values()):
             service.close()
+
+
+@LINUX
+def test_a_service_has_the_template_import_what_its_re_checks_needed():
+    """Tiled attention's reference results import torch._dynamo (0.9-1.3 s, at the first call of
+    ``Tensor.new_full``; its kernels and runners import it too). A grading worker's service that
+    imported it asks the template for it when its next notebook comes, so that the children
+    forked after have it; after its one notebook (the check command's) it never asks. Either
+    way the verdicts are the grading process's own."""
+    import os
+
+    from firstprinciples.grading import trusted, verdicts, warm
+
+    nb = nbformat.read(SOLUTIONS / "tiled_attention" / "tiled_attention.ipynb", as_version=4)
+    limits = trusted.Limits(piece=45.0, total=300.0)
+    key = (os.getpid(), False)
+    earlier = warm.Template._current.pop(key, None)
+    template = warm.Template.get(False)  # (a fresh one: nothing asked of it yet)
+    try:
+        for seed in (7, 8):
+            here, there = nbformat.from_dict(nb), nbformat.from_dict(nb)
+            service = verdicts.Service.begin(there, seed, None)
+            service.tested()
+            if seed == 7:
+                assert "torch._dynamo" not in template.preload([])
+            else:  # (asked by the service once it has answered which pieces are tested)
+                deadline = time.monotonic() + 60
+                while "torch._dynamo" not in template.preload([]) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert "torch._dynamo" in template.preload([]), "the service did not ask for it"
+            local = verdicts.decide(here, trusted.make_plan(here, seed), {}, set(), 60.0, limits, False)
+            assert service.decide(there, {}, set(), 60.0, limits, False) == local
+            assert not local[0], local
+            service.release()
+            if seed == 7:  # one notebook done: nothing asked
+                assert "torch._dynamo" not in template.preload([])
+    finally:
+        for service in list(verdicts.Service._current.values()):
+            service.close()
+        template.close()
+        if earlier is not None:
+            warm.Template._current[key] = earlier
 
 
 @LINUX

@@ -8,6 +8,7 @@ tested on its own, quickly.
 from __future__ import annotations
 
 import base64
+import os
 import sys
 
 import nbformat
@@ -279,6 +280,43 @@ def test_snapshots_that_skip_unwritten_namespaces_see_what_full_ones_see(change,
     else:
         assert any(f in ("numpy.allclose was replaced", "torch.nn.modules.linear.Linear.forward was replaced")
                    for f in fast), fast
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the template's baseline is for forked runners")
+@pytest.mark.parametrize("change", [_set_module_attr, _class_attribute, _the_same_value_put_back])
+def test_a_snapshot_from_before_a_fork_is_a_baseline_for_the_child(change):
+    """A warm runner's first snapshot starts from the template's (``observe.BASELINE``, taken
+    before the fork): a write in the child after the fork, and one in the parent before it,
+    are reported exactly as by a snapshot that reads every namespace."""
+    import json
+
+    import numpy
+    from firstprinciples.grading import observe
+
+    baseline = observe.snapshot()
+    saved = numpy.__dict__["allclose"]
+    numpy.fft_before_fork = lambda: None  # (a write in the parent between its snapshot and the fork)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            change(numpy)
+            fast = observe.changes(baseline, observe.snapshot(baseline))
+            observe._read_tag = None
+            full = [f for f in observe.changes(baseline, observe.snapshot()) if "observe._read_tag" not in f]
+            os.write(write, json.dumps([fast, full]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        fast, full = json.loads(f.read() or "[null, null]")
+    os.waitpid(pid, 0)
+    del numpy.fft_before_fork
+    assert numpy.__dict__["allclose"] is saved
+    assert fast is not None and fast == full
+    assert "numpy.fft_before_fork was added" in fast, fast
+    if change is not _the_same_value_put_back:
+        assert any(f.endswith("was replaced") for f in fast), fast
 
 
 # Names a course cell binds that are still the student's work: the capstone's `model` is built

@@ -293,6 +293,33 @@ def test_a_dead_template_is_replaced(tmp_path):
 
 
 @needs_linux
+def test_the_template_imports_on_request_only_what_the_course_lists():
+    """A request to import (a grading worker's service makes it: ``verdicts.serve``) is answered
+    with only the modules of ``warm.LAZY`` imported, whatever else it names; they are then in
+    every child forked after it, and were not in one forked before."""
+    key = (os.getpid(), False)
+    earlier = warm.Template._current.pop(key, None)
+    template = warm.Template.get(False)  # (a fresh one: nothing asked of it yet)
+    probe = "import sys; print(sorted(m for m in ('torch._dynamo', 'antigravity', 'this') if m in sys.modules))"
+
+    async def seen():
+        k = await Kernel("python3").start()
+        out = await k.run(probe)
+        await k.stop()
+        return out
+
+    try:
+        before = asyncio.run(seen())
+        got = template.preload(["antigravity", "torch._dynamo", "this", 42])
+        after = asyncio.run(seen())
+    finally:
+        template.close()
+        if earlier is not None:
+            warm.Template._current[key] = earlier
+    assert (before, got, after) == ("[]", ["torch._dynamo"], "['torch._dynamo']")
+
+
+@needs_linux
 def test_one_template_started_ahead_serves_every_worker():
     """The grader starts one template for all its workers before it forks them (its imports
     then overlap the grader's own, and the command pays one interpreter's start-up, not one

@@ -464,6 +464,10 @@ def _take(previous: Snapshot | None) -> Snapshot:
 
 
 _WATCHED: dict = {}  # module name -> (watched, volatile): the same for a name at every snapshot
+# A snapshot the warm template took before forking any re-check runner (its trusted, clean
+# state): a runner's first snapshot reads again only the namespaces written to since (None:
+# not a child of the template; its first snapshot reads every namespace).
+BASELINE: Snapshot | None = None
 
 
 # modules whose attributes torch or numpy rebind themselves while they work (never a student's doing)

@@ -114,6 +114,9 @@ class Plan:
     hung: dict = field(default_factory=dict)
     slow: set = field(default_factory=set)
     cell_timeout: float = 60.0  # seconds each loaded cell may run before it is interrupted
+    # the modules of warm.LAZY that its runners said they had imported once the cells were loaded
+    # (a hint for the template's imports only: it decides nothing)
+    imported: set = field(default_factory=set)
 
 
 def grade_cell_names(nb, known) -> dict:
@@ -301,6 +304,9 @@ def recheck(plan: Plan, command: list, limits: Limits | None = None) -> tuple[di
         cells = job_cells(plan, [c.name for c in checks], everything)
         loaded, results = run_runner(command, cells, checks, limits, deadline)
         context = _load_context(loaded)
+        said = loaded.get("imported") if isinstance(loaded, dict) else None
+        if isinstance(said, list):
+            plan.imported.update(m for m in said if isinstance(m, str))
         for change in (loaded.get("changes") or []) if isinstance(loaded, dict) else []:
             flags.extend(_change_flags(change))
         machinery = [f for f in flags if f.startswith("!")]

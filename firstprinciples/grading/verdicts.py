@@ -26,7 +26,10 @@ notebook in turn: the grading process sends ``{"nb", "seed", "sources"}`` and th
 ``{"tested"}`` (test cell index -> the pieces it tests); then it sends ``{"nb" (executed), "hung",
 "slow", "cell_limit", "limits", "sandboxed"}`` and the service answers ``{"outputs"`` (test cell
 index -> outputs), ``"failed"`` (index -> reason), ``"notes"}``. A notebook that ends without
-asking for its decision stops the service (the next one gets a new one). A service that dies,
+asking for its decision stops the service (the next one gets a new one). When a later notebook
+comes to a service whose re-checks imported a module of ``warm.LAZY`` (its reference results, or a
+runner that said so), it asks the template, once, to import that module too (``Template.preload``:
+a speed hint, never part of a verdict). A service that dies,
 answers nonsense or stays silent (``ANSWER_WAIT`` beyond the re-check's own limit) raises
 ``ServiceError``: the grading process then decides that notebook in its own process.
 """
@@ -221,6 +224,9 @@ def serve(template: socket.socket) -> None:
     t._child = False  # (its parent: alive() looks at /proc)
     for sandboxed in (False, True):  # its runners, sandboxed or not, come from the template it came from
         warm.Template._current[(os.getpid(), sandboxed)] = t
+    had = {m for m in warm.LAZY if m in sys.modules}  # (what the template had when it forked this)
+    imported: set = set()  # what this service's re-checks imported, or their runners said they had
+    asked = False
     while True:
         line = sys.stdin.readline()
         if not line:
@@ -228,6 +234,17 @@ def serve(template: socket.socket) -> None:
         first = json.loads(line)
         nb = nbformat.reads(first["nb"], as_version=4)
         _answer({"tested": tested_pieces(nb)})
+        wanted = sorted((imported | {m for m in warm.LAZY if m in sys.modules}) & set(warm.LAZY) - had)
+        if wanted and not asked:
+            # An earlier notebook's re-check imported one (its reference results, or its runner
+            # while loading the cells; its kernel did too): so will this one's, and the next's.
+            # Asked once there is a next notebook (never in the check command's one), so that the
+            # children forked after have it.
+            asked = True
+            try:
+                t.preload(wanted)
+            except warm.WarmError:
+                pass  # (the next request for a runner says so, and is answered as without a template)
         plan = trusted.make_plan(nb, int(first["seed"]), set(first["sources"]) if first["sources"] else None)
         reference_ahead(plan)
         line = sys.stdin.readline()
@@ -238,6 +255,7 @@ def serve(template: socket.socket) -> None:
         plan.nb = nb
         failed, notes = decide(nb, plan, second["hung"], second["slow"], second["cell_limit"],
                                trusted.Limits(**second["limits"]), bool(second["sandboxed"]))
+        imported |= plan.imported
         _answer({"outputs": {i: nb.cells[i].get("outputs", []) for i in plan.graded}, "failed": failed,
                  "notes": notes})
 

@@ -32,8 +32,12 @@ A grading process (a grading command's worker, the students' check command) asks
 kind of child, never sandboxed, once: its trusted re-check's side (``verdicts.serve``), which
 runs no student code, serves that process's notebooks one after another, and gets a connection
 of its own to the template, to ask for the re-check's runners in turn (``CONNECTED``). The template
-does what only the re-check's children need (the probes' registry, a first snapshot) when it
-is first idle, so a kernel asked for at once does not wait for it.
+does what only the re-check's children need (the probes' registry, a first snapshot, which a
+runner's own first snapshot starts from) when it is first idle, so a kernel asked for at once
+does not wait for it. A service may also ask it to import a module of ``LAZY`` (torch._dynamo,
+which tiled attention's and the capstone's first calls import: 0.9-1.3 s in every kernel and
+runner of theirs) once a re-check of its needed it: the template imports it between two
+requests and forks nothing for it, and every child forked after has it.
 
 So a kernel starts from the template's clean state (the modules imported, nothing
 run), in a sandbox of its own: one student's kernel shares no process, no
@@ -87,11 +91,13 @@ def preload_first_backward() -> None:
 PRELOAD = ("torch", "numpy", "numpy.random", "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel",
            "ipykernel.debugger", "tornado.queues", "tornado.locks", "firstprinciples.checks",
            "firstprinciples.reference", "firstprinciples.grading.recheck", FIRST_BACKWARD)
+from .recheck import LAZY  # noqa: E402 (what the template imports on request: see there)
 # The kinds of child that get a connection of their own to the template, to ask for children in
 # turn: a grading process's trusted re-check service (``verdicts``; never sandboxed, it runs no
 # student code), which starts the re-check's runners.
 CONNECTED = ("verdicts",)
 HOLD = ["/bin/sh", "-c", "echo ready; exec cat >/dev/null"]  # the sandbox's placeholder
+PRELOAD_REQUEST = "preload"  # a request that forks nothing: the template imports modules of LAZY
 READY_TIMEOUT = 60  # seconds for a sandbox to be set up (normally milliseconds)
 
 _NS = (("user", 0x10000000), ("cgroup", 0x02000000), ("ipc", 0x08000000), ("uts", 0x04000000),
@@ -221,6 +227,21 @@ class Template:
         if "error" in reply:
             raise WarmError(reply["error"])
         return int(reply["pid"])
+
+    def preload(self, modules: list) -> list:
+        """Ask the template to import ``modules`` (those of ``LAZY`` only) before its next child;
+        return the ones it has now."""
+        with self._lock:
+            try:
+                socket.send_fds(self.sock, [json.dumps({"kind": PRELOAD_REQUEST, "modules": list(modules)}).encode()], [])
+                ready, _, _ = select.select([self.sock], [], [], READY_TIMEOUT)
+                data = self.sock.recv(1 << 16) if ready else None
+            except OSError as e:
+                raise WarmError(f"the template is gone ({e})") from e
+            if not data:
+                self.close()
+                raise WarmError("the template did not answer")
+        return list(json.loads(data).get("preloaded", []))
 
     def close(self) -> None:
         """Close this connection; a template that is still alive is killed (it did not answer,
@@ -607,7 +628,10 @@ def _serve(socks: list, later=None) -> None:
                 continue
             try:
                 request = json.loads(msg)
-                reply, connection = _fork(socks, request, fds, libc)
+                if request.get("kind") == PRELOAD_REQUEST:
+                    reply, connection = {"preloaded": _preload(request.get("modules"))}, None
+                else:
+                    reply, connection = _fork(socks, request, fds, libc)
                 if connection is not None:  # a child that asks for children of its own
                     socks.append(connection)
                     open_socks.append(connection)
@@ -676,6 +700,22 @@ def _fork(socks: list, request: dict, fds: list[int], libc) -> tuple[dict, socke
         mine.close()
         mine = None
     return reply, mine
+
+
+def _preload(modules) -> list:
+    """Import the modules of ``LAZY`` that ``modules`` names; return those of LAZY now imported.
+    (Trusted code only: the course's list, never a name the request chose.)"""
+    import importlib
+
+    wanted = [m for m in LAZY if isinstance(modules, list) and m in modules and m not in sys.modules]
+    for name in wanted:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 (each child then imports it itself, where it needs it)
+            pass
+    if wanted:
+        gc.freeze()  # (as after the first imports: a child's collections never walk them)
+    return [m for m in LAZY if m in sys.modules]
 
 
 def _reap(*_args) -> None:
@@ -868,7 +908,7 @@ def _prepare_recheck() -> None:
     for probe in probes.load().values():
         watch = probe.watch()
         observe.forbidden_python(watch["torch_patterns"], watch["pieces"])
-    observe.snapshot()
+    observe.BASELINE = observe.snapshot()  # (a runner's first snapshot then reads only what changed since)
     gc.freeze()
 
 
