@@ -234,7 +234,7 @@ def serve(template: socket.socket) -> None:
         first = json.loads(line)
         nb = nbformat.reads(first["nb"], as_version=4)
         _answer({"tested": tested_pieces(nb)})
-        wanted = sorted((imported | {m for m in warm.LAZY if m in sys.modules}) & set(warm.LAZY) - had)
+        wanted = sorted((imported | set(sys.modules)) & (set(warm.LAZY) - had))
         if wanted and not asked:
             # An earlier notebook's re-check imported one (its reference results, or its runner
             # while loading the cells; its kernel did too): so will this one's, and the next's.

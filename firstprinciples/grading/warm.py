@@ -210,6 +210,19 @@ class Template:
 
     def spawn(self, request: dict, fds: list[int], timeout: float = 120) -> int:
         """Fork a child of the template that becomes ``request["kind"]``; return its pid."""
+        reply = self._ask(request, fds, timeout)
+        if "error" in reply:
+            raise WarmError(reply["error"])
+        return int(reply["pid"])
+
+    def preload(self, modules: list) -> list:
+        """Ask the template to import ``modules`` (those of ``LAZY`` only) before its next child;
+        return the ones it has now."""
+        reply = self._ask({"kind": PRELOAD_REQUEST, "modules": list(modules)}, [], READY_TIMEOUT)
+        return list(reply.get("preloaded", []))
+
+    def _ask(self, request: dict, fds: list[int], timeout: float) -> dict:
+        """Send one request (with descriptors ``fds``) and return the template's reply."""
         with self._lock:
             try:
                 socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
@@ -223,25 +236,7 @@ class Template:
                 # (a late answer would be taken for the next request's: this template is done)
                 self.close()
                 raise WarmError(why)
-        reply = json.loads(data)
-        if "error" in reply:
-            raise WarmError(reply["error"])
-        return int(reply["pid"])
-
-    def preload(self, modules: list) -> list:
-        """Ask the template to import ``modules`` (those of ``LAZY`` only) before its next child;
-        return the ones it has now."""
-        with self._lock:
-            try:
-                socket.send_fds(self.sock, [json.dumps({"kind": PRELOAD_REQUEST, "modules": list(modules)}).encode()], [])
-                ready, _, _ = select.select([self.sock], [], [], READY_TIMEOUT)
-                data = self.sock.recv(1 << 16) if ready else None
-            except OSError as e:
-                raise WarmError(f"the template is gone ({e})") from e
-            if not data:
-                self.close()
-                raise WarmError("the template did not answer")
-        return list(json.loads(data).get("preloaded", []))
+        return json.loads(data)
 
     def close(self) -> None:
         """Close this connection; a template that is still alive is killed (it did not answer,
