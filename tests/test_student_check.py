@@ -244,6 +244,31 @@ def test_the_check_process_never_imports_torch(notebooks):
 
 
 @LINUX
+def test_the_check_never_imports_ipython_in_two_threads_at_once(notebooks):
+    """The check imports IPython in a thread while it waits for the template, and starting the
+    kernel imports it too: the kernel starts only once that thread is done. (Two threads that
+    import IPython at once can see each other's half-initialised modules: a check failed so,
+    "The check could not run ...: KeyError: 'IPython'", in four of six runs one afternoon.)
+    Here the thread's import is made slow, and the kernel's start must come after it."""
+    code = ("import os, sys, time\n"
+            "from firstprinciples.grading import check, execute\n"
+            "done = []\n"
+            "def slow(name):\n"
+            "    time.sleep(2); __import__(name); done.append(name)\n"
+            "check._import_quietly = slow\n"
+            "preprocess = execute.RobustExecute.preprocess\n"
+            "def started(self, *a, **k):\n"
+            "    print('IPython imported before the kernel started:', done == ['IPython'], flush=True)\n"
+            "    return preprocess(self, *a, **k)\n"
+            "execute.RobustExecute.preprocess = started\n"
+            "status = check.main([sys.argv[1]])\n"
+            "sys.stdout.flush(); os._exit(status)")
+    proc = subprocess.run([sys.executable, "-c", code, str(notebooks["correct"])],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "Visible score: 10/10" in proc.stdout, proc.stdout + proc.stderr
+    assert "IPython imported before the kernel started: True" in proc.stdout, proc.stdout
+
+
 def test_a_service_that_dies_leaves_the_verdict_to_the_check_itself(notebooks):
     """The service is killed before the decision: the check decides in its own process (with a
     line saying so) and the verdict is the same, with the re-check's reason."""

@@ -320,6 +320,48 @@ def test_the_template_imports_on_request_only_what_the_course_lists():
 
 
 @needs_linux
+def test_a_kernel_asked_for_at_once_does_not_wait_for_what_only_later_children_need():
+    """The template answers a request that is waiting when its first imports are done before it
+    imports ``warm.IDLE_PRELOAD`` (what torch's first backward pass imports): a kernel asked for
+    at once (the check command's) starts without it and imports it itself at its first backward
+    pass, which works as in a cold kernel; a child forked once the template has been idle has it."""
+    key = (os.getpid(), False)
+    earlier = warm.Template._current.pop(key, None)
+    template = warm.Template.get(False)  # a fresh one, still importing: the kernel's request waits for it
+    probe = f"import sys; print({warm.FIRST_BACKWARD!r} in sys.modules)"
+    backward = ("import torch; x = torch.ones(3, requires_grad=True); (x * x).backward(torch.ones(3)); "
+                "print(x.grad.tolist())")  # (a backward pass with a given gradient is what imports it)
+
+    async def first():
+        k = await Kernel("python3").start()
+        try:
+            return await k.run(probe), await k.run(backward), await k.run(probe)
+        finally:
+            await k.stop()
+
+    async def later():
+        k = await Kernel("python3").start()
+        try:
+            return await k.run(probe)
+        finally:
+            await k.stop()
+
+    try:
+        before, grad, after_backward = asyncio.run(first())
+        deadline = time.monotonic() + 60
+        seen = asyncio.run(later())
+        while seen != "True" and time.monotonic() < deadline:
+            time.sleep(0.2)
+            seen = asyncio.run(later())
+    finally:
+        template.close()
+        if earlier is not None:
+            warm.Template._current[key] = earlier
+    assert (before, grad, after_backward) == ("False", "[2.0, 2.0, 2.0]", "True")
+    assert seen == "True", "a kernel forked once the template was idle does not have it"
+
+
+@needs_linux
 def test_one_template_started_ahead_serves_every_worker():
     """The grader starts one template for all its workers before it forks them (its imports
     then overlap the grader's own, and the command pays one interpreter's start-up, not one

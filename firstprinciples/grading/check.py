@@ -67,9 +67,17 @@ def _reason(cell) -> str:
     return "\n".join(ANSI.sub("", f"{o.get('ename', 'Error')}: {o.get('evalue', '')}").strip() for o in errors[:2])
 
 
-def _prestart() -> None:
+def _import_quietly(name: str) -> None:
+    try:
+        __import__(name)
+    except Exception:  # noqa: BLE001 (imported again where it is needed, with its real error)
+        pass
+
+
+def _prestart() -> threading.Thread:
     """Start what takes longest first, so that it overlaps with this command's own imports: the
-    template that the kernel and the re-check are forked from (``warm``) imports torch once."""
+    template that the kernel and the re-check are forked from (``warm``) imports torch once.
+    Returns the thread importing IPython: join it before anything else imports IPython."""
     from . import warm
 
     if warm.available():
@@ -78,14 +86,21 @@ def _prestart() -> None:
         except OSError:
             pass  # (the kernel then starts cold)
     # IPython, which jupyter_client imports to find the kernel's spec (0.25 s), while this process
-    # would otherwise wait for the template.
-    threading.Thread(target=__import__, args=("IPython",), daemon=True).start()
+    # would otherwise wait for the template. Only this thread may import it until it is joined:
+    # two threads importing IPython at once can each see the other's half-initialised modules
+    # (IPython.paths and IPython.core.profiledir import each other), and the check then failed
+    # with "KeyError: 'IPython'".
+    ipython = threading.Thread(target=_import_quietly, args=("IPython",), daemon=True)
+    ipython.start()
     # jsonschema (imported by nbformat) compiles 38 grammars of rfc3987-syntax, when that is
     # installed (jupyterlab brings it), for URI formats that notebooks never use: 2 s of a check.
     sys.modules.setdefault("rfc3987_syntax", None)
+    return ipython
 
 
-def check(path: Path, timeout: int = 120) -> int:
+def check(path: Path, timeout: int = 120, imported: threading.Thread | None = None) -> int:
+    """Run and report ``path``; ``imported``: a thread still importing what the kernel's start
+    imports (``_prestart``), joined before it starts."""
     import nbformat
     from nbgrader import utils
 
@@ -119,6 +134,8 @@ def check(path: Path, timeout: int = 120) -> int:
     if not service:
         threading.Thread(target=warm.preload_first_backward, daemon=True).start()
     config, folder, extra = _kernel_config()
+    if imported is not None:
+        imported.join()
     try:
         # (named here: nbgrader's Execute passes jupyter_client's own manager to its base class,
         # which outranks any default of a subclass)
@@ -156,9 +173,9 @@ def main(argv=None) -> int:
     parser.add_argument("notebook", type=Path)
     parser.add_argument("--timeout", type=int, default=120, help="seconds per cell (the grader's default: 120)")
     args = parser.parse_args(argv)
-    _prestart()
+    imported = _prestart()
     try:
-        return check(args.notebook, args.timeout)
+        return check(args.notebook, args.timeout, imported)
     except KeyboardInterrupt:
         print("Interrupted.", file=sys.stderr)
         return 130

@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import threading
 from pathlib import Path
 
 from jupyter_core.utils import run_sync
@@ -133,6 +134,7 @@ class RobustExecute(Execute):
 
         self._budget_end = time.monotonic() + self.notebook_timeout
         self._service = None  # started with the first kernel (async_start_new_kernel)
+        self._service_starting = None  # the thread that starts it, until it is joined
         self._want_service = self.trusted_verdicts and (
             warm.available() if self.recheck_service is None else self.recheck_service)
         known: dict = {}
@@ -148,7 +150,7 @@ class RobustExecute(Execute):
             async with self.async_setup_kernel():
                 await self._cells(tested, failed_at_once, clean)
         finally:
-            if self._service is not None:
+            if self._started_service() is not None:
                 self._service.release()  # (kept for this process's next notebook)
                 self._service = None
         self.set_widgets_metadata()
@@ -157,7 +159,24 @@ class RobustExecute(Execute):
         await super().async_start_new_kernel(**kwargs)
         if self._want_service:  # forked by the template right after the kernel, it gets ready beside it
             self._want_service = False
-            self._service = self._start_service()
+            # In a thread, while the first cells run: the template may be busy with what it does
+            # when idle (``warm.IDLE_PRELOAD``: 0.4 s) before it forks the service. The thread
+            # only waits on the template and writes the notebook to the service, from a copy
+            # made here, before any cell has run.
+            nb = copy.deepcopy(self.nb)
+
+            def start():
+                self._service = self._start_service(nb)
+
+            self._service_starting = threading.Thread(target=start, name="fp-start-service", daemon=True)
+            self._service_starting.start()
+
+    def _started_service(self):
+        """The service, once the thread that starts it is done (None where it could not start)."""
+        if self._service_starting is not None:
+            self._service_starting.join()
+            self._service_starting = None
+        return self._service
 
     def _plan_inputs(self) -> tuple[int, set | None]:
         """(the re-check's seed, the course's own cell sources) for this notebook, drawn once."""
@@ -167,16 +186,16 @@ class RobustExecute(Execute):
             self._seed = trusted.seed_for(self.resources, root)
         return self._seed, self._sources
 
-    def _start_service(self):
+    def _start_service(self, nb):
         try:
-            return verdicts.Service.begin(self.nb, *self._plan_inputs(), template=self._sandboxed())
+            return verdicts.Service.begin(nb, *self._plan_inputs(), template=self._sandboxed())
         except verdicts.ServiceError as e:
             warm._cold_note(e)
             return None
 
     def _service_call(self, there, here):
         """``there(service)``; where there is no service or it failed, ``here()`` in this process."""
-        if self._service is not None:
+        if self._started_service() is not None:
             try:
                 return there(self._service)
             except verdicts.ServiceError as e:

@@ -86,11 +86,18 @@ def preload_first_backward() -> None:
     except Exception:  # noqa: BLE001
         pass
 
-# What the template imports once: what every kernel and every re-check imports anyway.
-# (Not matplotlib: its backend is chosen at import time, and a kernel sets it first.)
+# What the template imports once, before it answers its first request: what every kernel and
+# every re-check imports anyway. (Not matplotlib: its backend is chosen at import time, and a
+# kernel sets it first.)
 PRELOAD = ("torch", "numpy", "numpy.random", "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel",
            "ipykernel.debugger", "tornado.queues", "tornado.locks", "firstprinciples.checks",
-           "firstprinciples.reference", "firstprinciples.grading.recheck", FIRST_BACKWARD)
+           "firstprinciples.reference", "firstprinciples.grading.recheck")
+# What it imports next, the first time no request is waiting: what torch's first backward pass
+# imports (0.4-0.5 s), which many notebooks' cells, the reference's results and the re-checks
+# need but a kernel's start does not. So the check command's one kernel is forked without
+# waiting for it, and its service and runner (forked after) have it; a child forked before
+# imports it itself at its first backward pass, as a cold one does.
+IDLE_PRELOAD = (FIRST_BACKWARD,)
 from .recheck import LAZY  # noqa: E402 (what the template imports on request: see there)
 # The kinds of child that get a connection of their own to the template, to ask for children in
 # turn: a grading process's trusted re-check service (``verdicts``; never sandboxed, it runs no
@@ -592,24 +599,25 @@ def _read_ready(ready: int, info: int | None, holder) -> int | None:
 
 
 # ================================================================ the template's side
-def _serve(socks: list, later=None) -> None:
+def _serve(socks: list, later=()) -> None:
     """Answer the requests of every connection (one per grading worker), one at a time; end
     when the last connection is closed (its worker, or the grader, is gone). ``later``: what
-    to do the first time no request is waiting (what only the re-check's children use: a
-    kernel requested at once need not wait for it)."""
+    to do when no request is waiting, one step at a time and each once, in order (what a
+    kernel's start does not need: a kernel requested at once does not wait for it, nor does
+    a request that comes between two steps)."""
     libc = _libc()
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of unsandboxed kernels are reaped here
     signal.signal(signal.SIGCHLD, _reap)
     open_socks = list(socks)
+    later = list(later)
     while open_socks:
         try:
-            ready, _, _ = select.select(open_socks, [], [], 0 if later is not None else None)
-            if not ready and later is not None:
+            ready, _, _ = select.select(open_socks, [], [], 0 if later else None)
+            if not ready and later:
                 try:
-                    later()
-                except Exception:  # noqa: BLE001 (then each runner does it itself, as a cold one does)
+                    later.pop(0)()
+                except Exception:  # noqa: BLE001 (then each child does it itself, as a cold one does)
                     pass
-                later = None
                 continue
         except InterruptedError:  # (a SIGCHLD: Python retries select itself; kept for clarity)
             continue
@@ -890,7 +898,16 @@ def main() -> None:
     # collection: 150 ms before, 2 ms after), and do not write to the pages it shares
     # with the template. (Python's advice for a process that forks without exec.)
     gc.freeze()
-    _serve(socks, later=_prepare_recheck)
+    _serve(socks, later=[_idle_imports, _prepare_recheck])
+
+
+def _idle_imports() -> None:
+    """``IDLE_PRELOAD``, imported when the template is first idle (then frozen as the rest)."""
+    import importlib
+
+    for name in IDLE_PRELOAD:
+        importlib.import_module(name)
+    gc.freeze()
 
 
 def _prepare_recheck() -> None:
