@@ -5,8 +5,9 @@ releases every assignment and simulates a class: per assignment, ``--students``
 submissions (default 30), a third each correct, partly wrong and untouched.
 Then, in the same run, it measures
 
-- the floor: a bare Jupyter kernel start plus ``import torch`` (median of 3),
-  the least any grader pays per notebook;
+- the floor: a bare Jupyter kernel start plus ``import torch``, the least any
+  grader pays per notebook: the median of 3 at the start and one before each
+  assignment's grading (the machine's speed drifts within the run);
 - serial STOCK nbgrader: the same submissions in a second course folder whose
   nbgrader_config.py only names the source and release folders (nbgrader's own
   preprocessors, no sandbox, no parallel workers);
@@ -20,8 +21,9 @@ hits all three alike), and prints seconds per notebook for each, the floor, the
 speedup over stock and whether warm grading meets the course's target (at most
 0.35 x the floor per notebook on two cores). It checks that warm and cold gave
 the same scores, notes and outputs, and that stock gave the same scores; then
-it times the students' check command on a solved notebook (target: under 1.5 x
-the floor) and, unless ``--no-hang``, a softmax class graded again with one
+it times the students' check command on a solved notebook, five runs cold and
+five warm, each beside a floor measured just before it (target: under 1.5 x the
+floor) and, unless ``--no-hang``, a softmax class graded again with one
 never-returning answer.
 
 Run from the repository root:
@@ -129,19 +131,32 @@ def graded_outputs(course: Path, assignment: str) -> dict:
     return out
 
 
-def check_seconds(notebook: Path, env: dict, runs: int = 3) -> float:
-    """Median wall time of the students' check command on ``notebook`` (it must pass)."""
+def check_seconds(notebook: Path, env: dict) -> float:
+    """Wall time of one run of the students' check command on ``notebook`` (it must pass)."""
     import subprocess
 
-    times = []
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "firstprinciples.grading.check", str(notebook)],
+                          capture_output=True, text=True, env={**os.environ, **env})
+    elapsed = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.exit(f"the check command failed on a solved notebook:\n{proc.stdout}\n{proc.stderr[-3000:]}")
+    return elapsed
+
+
+def check_against_floor(notebook: Path, runs: int = 5) -> dict:
+    """The check command, cold and warm, each run beside a floor measured just before it (this
+    machine's speed drifts by a fifth within minutes, so a ratio is taken from measurements a few
+    seconds apart): per kind, the median wall time and the median of the runs' ratios."""
+    got = {"floor": [], "cold": [], "warm": [], "cold x": [], "warm x": []}
     for _ in range(runs):
-        t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "firstprinciples.grading.check", str(notebook)],
-                              capture_output=True, text=True, env={**os.environ, **env})
-        times.append(time.perf_counter() - t0)
-        if proc.returncode != 0:
-            sys.exit(f"the check command failed on a solved notebook:\n{proc.stdout}\n{proc.stderr[-3000:]}")
-    return statistics.median(times)
+        for kind, env in (("cold", {"FP_GRADING_COLD": "1"}), ("warm", {})):
+            floor = floor_seconds(1)
+            t = check_seconds(notebook, env)
+            got["floor"].append(floor)
+            got[kind].append(t)
+            got[f"{kind} x"].append(t / floor)
+    return {k: statistics.median(v) for k, v in got.items()} | {"runs": runs, "warm all": got["warm"]}
 
 
 NEVER_RETURNS = "import torch\n\ndef softmax(x, dim=-1):\n    while True:\n        pass\n"
@@ -186,7 +201,7 @@ def main():
     cold = {**env, "FP_GRADING_COLD": "1"}
 
     print(f"floor: starting a kernel and importing torch ({os.cpu_count()} cores) ...", flush=True)
-    floor = floor_seconds()
+    floors = [floor_seconds(1) for _ in range(3)]  # and one more before each assignment's grading
     with tempfile.TemporaryDirectory(prefix="fp-grading-bench-") as tmp:
         tmp = Path(tmp)
         (tmp / "config").mkdir()
@@ -226,7 +241,8 @@ def main():
         got_cold, got_warm = {}, {}
         per_assignment = {}  # assignment -> (stock, cold, warm) seconds
         for a in chosen:
-            print(f"grading {a} ({args.students} students):", end="", flush=True)
+            floors.append(floor_seconds(1))
+            print(f"grading {a} ({args.students} students; floor {floors[-1]:.2f} s):", end="", flush=True)
             if not args.no_stock:
                 s = run(stock, "autograde", a)
                 print(f" stock {s:.0f} s;", end="", flush=True)
@@ -251,14 +267,16 @@ def main():
             loads.append(os.getloadavg()[0])
         got_stock = {} if args.no_stock else {k: v[0] for k, v in export(stock).items()}
 
-        print("the check command on a solved notebook, cold and warm (median of 3) ...", flush=True)
-        check_cold = check_seconds(solved, {"FP_GRADING_COLD": "1"})
-        check_warm = check_seconds(solved, {})
+        print("the check command on a solved notebook, cold and warm, each beside a floor (5 runs) ...", flush=True)
+        checked = check_against_floor(solved)
         hang = None
         if not args.no_hang:
             print(f"a softmax class of {args.students}, then the same with one never-returning answer ...", flush=True)
             hang = hang_cost(tmp, args.students, env)
 
+    # The floor of the whole run: the median of every floor measured through it (the machine's
+    # speed drifts within an hour; one measurement at the start was up to a third off).
+    floor = statistics.median(floors)
     from firstprinciples.grading.parallel import default_workers
 
     workers = args.workers or default_workers()
@@ -266,7 +284,8 @@ def main():
     print(f"{notebooks} notebooks: {args.students} students x {len(chosen)} assignment(s) "
           f"({', '.join(chosen)}); {os.cpu_count()} cores")
     print(f"{'':52} {'total s':>9} {'s / notebook':>13} {'x floor':>8}")
-    print(f"{'floor (kernel start + import torch, median of 3)':52} {'':>9} {floor:13.2f} {1:8.2f}")
+    print(f"{'floor (kernel start + import torch)':52} {'':>9} {floor:13.2f} {1:8.2f}   "
+          f"(median of {len(floors)} through the run, {min(floors):.2f}-{max(floors):.2f} s)")
     rows = [] if args.no_stock else [("serial stock nbgrader", t_stock)]
     rows += [(f"course config, cold kernels ({workers} worker(s), sandboxed)", t_cold),
              (f"course config, warm kernels ({workers} worker(s), sandboxed)", t_warm)]
@@ -291,9 +310,12 @@ def main():
     if not args.no_stock:
         speedup = t_stock / t_warm
         print(f"speedup over serial stock nbgrader: {speedup:.2f}x")
-    print(f"check command on {solved.name}: cold {check_cold:.2f} s ({check_cold / floor:.2f} x floor), "
-          f"warm {check_warm:.2f} s ({check_warm / floor:.2f} x floor; target < {CHECK_TARGET} x: "
-          f"{'met' if check_warm / floor < CHECK_TARGET else 'NOT met'})")
+    c = checked
+    print(f"check command on {solved.name} ({c['runs']} runs of each, every run beside a floor measured just "
+          f"before it; medians): floor {c['floor']:.2f} s; cold {c['cold']:.2f} s ({c['cold x']:.2f} x floor), "
+          f"warm {c['warm']:.2f} s ({c['warm x']:.2f} x floor; target < {CHECK_TARGET} x: "
+          f"{'met' if c['warm x'] < CHECK_TARGET else 'NOT met'}); warm runs: "
+          + ", ".join(f"{t:.2f}" for t in c["warm all"]) + " s")
     if hang is not None:
         extra = hang[1] - hang[0]
         print(f"softmax class of {args.students}: {hang[0]:.1f} s; with one never-returning answer {hang[1]:.1f} s "
