@@ -322,7 +322,7 @@ def test_the_template_imports_on_request_only_what_the_course_lists():
 @needs_linux
 def test_a_kernel_asked_for_at_once_does_not_wait_for_what_only_later_children_need():
     """The template answers a request that is waiting when its first imports are done before it
-    imports ``warm.IDLE_PRELOAD`` (what torch's first backward pass imports): a kernel asked for
+    imports ``warm.FIRST_BACKWARD`` (what torch's first backward pass imports): a kernel asked for
     at once (the check command's) starts without it and imports it itself at its first backward
     pass, which works as in a cold kernel; a child forked once the template has been idle has it."""
     key = (os.getpid(), False)

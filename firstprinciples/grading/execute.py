@@ -160,7 +160,7 @@ class RobustExecute(Execute):
         if self._want_service:  # forked by the template right after the kernel, it gets ready beside it
             self._want_service = False
             # In a thread, while the first cells run: the template may be busy with what it does
-            # when idle (``warm.IDLE_PRELOAD``: 0.4 s) before it forks the service. The thread
+            # when idle (``warm.FIRST_BACKWARD``: 0.4 s) before it forks the service. The thread
             # only waits on the template and writes the notebook to the service, from a copy
             # made here, before any cell has run.
             nb = copy.deepcopy(self.nb)

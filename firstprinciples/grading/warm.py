@@ -31,10 +31,12 @@ For each notebook's kernel, and for each run of the trusted re-check, the grader
 A grading process (a grading command's worker, the students' check command) asks for one more
 kind of child, never sandboxed, once: its trusted re-check's side (``verdicts.serve``), which
 runs no student code, serves that process's notebooks one after another, and gets a connection
-of its own to the template, to ask for the re-check's runners in turn (``CONNECTED``). The template
-does what only the re-check's children need (the probes' registry, a first snapshot, which a
-runner's own first snapshot starts from) when it is first idle, so a kernel asked for at once
-does not wait for it. A service may also ask it to import a module of ``LAZY`` (torch._dynamo,
+of its own to the template, to ask for the re-check's runners in turn (``CONNECTED``). What a
+kernel's start does not need the template does when it is idle, one step at a time, answering
+any request between two steps, so a kernel asked for at once does not wait for it: first the
+import of what torch's first backward pass needs (``FIRST_BACKWARD``), then what only the
+re-check's children need (the probes' registry, a first snapshot, which a runner's own first
+snapshot starts from). A service may also ask it to import a module of ``LAZY`` (torch._dynamo,
 which tiled attention's and the capstone's first calls import: 0.9-1.3 s in every kernel and
 runner of theirs) once a re-check of its needed it: the template imports it between two
 requests and forks nothing for it, and every child forked after has it.
@@ -79,8 +81,8 @@ FIRST_BACKWARD = "torch.fx.experimental.symbolic_shapes"
 
 
 def preload_first_backward() -> None:
-    """Import ``FIRST_BACKWARD`` (for a background thread: a failure only means it is imported
-    later, where it is needed)."""
+    """Import ``FIRST_BACKWARD`` (in a background thread, or in the template once it is idle: a
+    failure only means it is imported later, where it is needed)."""
     try:
         __import__(FIRST_BACKWARD)
     except Exception:  # noqa: BLE001
@@ -92,12 +94,11 @@ def preload_first_backward() -> None:
 PRELOAD = ("torch", "numpy", "numpy.random", "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel",
            "ipykernel.debugger", "tornado.queues", "tornado.locks", "firstprinciples.checks",
            "firstprinciples.reference", "firstprinciples.grading.recheck")
-# What it imports next, the first time no request is waiting: what torch's first backward pass
-# imports (0.4-0.5 s), which many notebooks' cells, the reference's results and the re-checks
-# need but a kernel's start does not. So the check command's one kernel is forked without
-# waiting for it, and its service and runner (forked after) have it; a child forked before
-# imports it itself at its first backward pass, as a cold one does.
-IDLE_PRELOAD = (FIRST_BACKWARD,)
+# Not ``FIRST_BACKWARD`` (0.4-0.5 s), which many notebooks' cells, the reference's results and the
+# re-checks need but a kernel's start does not: the template imports it the first time no request
+# is waiting (``main``). So the check command's one kernel is forked without waiting for it, and
+# its service and runner (forked after) have it; a child forked before imports it itself at its
+# first backward pass, as a cold one does.
 from .recheck import LAZY  # noqa: E402 (what the template imports on request: see there)
 # The kinds of child that get a connection of their own to the template, to ask for children in
 # turn: a grading process's trusted re-check service (``verdicts``; never sandboxed, it runs no
@@ -898,16 +899,7 @@ def main() -> None:
     # collection: 150 ms before, 2 ms after), and do not write to the pages it shares
     # with the template. (Python's advice for a process that forks without exec.)
     gc.freeze()
-    _serve(socks, later=[_idle_imports, _prepare_recheck])
-
-
-def _idle_imports() -> None:
-    """``IDLE_PRELOAD``, imported when the template is first idle (then frozen as the rest)."""
-    import importlib
-
-    for name in IDLE_PRELOAD:
-        importlib.import_module(name)
-    gc.freeze()
+    _serve(socks, later=[preload_first_backward, gc.freeze, _prepare_recheck])
 
 
 def _prepare_recheck() -> None:
