@@ -295,7 +295,7 @@ def check_gradients_and_inputs(fn, full=True):
     """Gradients flow back to Q, K and V, and the inputs are left untouched.
 
     Compares the answer's own autograd gradients with finite differences of the
-    answer itself (``torch.autograd.gradcheck``, float64): an answer with wrong
+    answer itself (``assert_gradcheck``, float64): an answer with wrong
     values but honest gradients passes this check; one that detaches, leaves
     torch, or modifies its inputs does not. ``full=False`` skips the masked case.
     """

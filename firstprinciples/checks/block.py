@@ -404,7 +404,7 @@ def check_ffn_values(cls, full=True):
 
 def _gradient_check(module, x, kwargs, forbidden, names, what):
     """Output requires grad, every parameter and x receive a gradient, and autograd agrees with
-    central differences with respect to x (float64 ``gradcheck``)."""
+    central differences with respect to x (float64 ``assert_gradcheck``)."""
     leaf = x.clone().requires_grad_(True)
     out = unpack(call_without(module, (leaf,), kwargs, **forbidden), names)[0]
     if not out.requires_grad:

@@ -323,7 +323,7 @@ def check_gradients_and_inputs(fn, full=True):
     """Gradients reach x, context, W_q, W_k and W_v, and the inputs are left untouched.
 
     The full check compares the answer's autograd gradients with finite
-    differences of the answer itself (``torch.autograd.gradcheck``, float64,
+    differences of the answer itself (``assert_gradcheck``, float64,
     default tolerances atol 1e-5, rtol 1e-3, far above float64 rounding).
     """
     g = torch.Generator().manual_seed(13)

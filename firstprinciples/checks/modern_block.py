@@ -246,7 +246,7 @@ def check_rmsnorm_values(cls, full=True):
 
 def _gradient_check(module, x, forbidden, what, names=("output",), kwargs=None):
     """x is left untouched, then as the block's checks: the output requires grad, x and every
-    parameter receive a gradient, autograd agrees with central differences (float64 gradcheck)."""
+    parameter receive a gradient, autograd agrees with central differences (float64 ``assert_gradcheck``)."""
     kwargs = kwargs or {}
     run_module(module, x, kwargs.get("mask"), forbidden, names=names)  # x untouched
     block_gradient_check(module, x, kwargs, forbidden, names, what)

@@ -579,7 +579,7 @@ def check_mha_gradients_and_inputs(cls, full=True):
     input is left untouched. ``full=False`` skips the masked case.
 
     The gradient with respect to x is compared with central differences of the
-    answer itself (``torch.autograd.gradcheck``, float64), so an answer with wrong
+    answer itself (``assert_gradcheck``, float64), so an answer with wrong
     values but honest gradients passes this check.
     """
     g = torch.Generator().manual_seed(109)

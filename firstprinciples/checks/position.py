@@ -560,7 +560,7 @@ def check_rope_relative_position(fn, full=True):
 
 def check_rope_gradients_and_inputs(fn, full=True):
     """Gradients flow back to x (float64, checked against finite differences of the
-    answer itself with ``torch.autograd.gradcheck``) and x is left untouched.
+    answer itself with ``assert_gradcheck``) and x is left untouched.
 
     ``full=False`` checks one (2, 4, 6) input; ``full=True`` adds two leading
     dimensions and a float32 input.

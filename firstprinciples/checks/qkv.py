@@ -317,7 +317,7 @@ def check_projection_gradients_and_inputs(fn, full=True):
     """Gradients flow back to x, W_q, W_k and W_v, and the inputs are left untouched.
 
     Compares the answer's own autograd gradients with finite differences of the
-    answer itself (``torch.autograd.gradcheck``, float64): wrong values with
+    answer itself (``assert_gradcheck``, float64): wrong values with
     honest gradients pass, a detach or a round trip through numpy does not.
     """
     g = torch.Generator().manual_seed(11)
@@ -424,7 +424,7 @@ def check_scores_random(fn, full=True):
 
 
 def check_scores_gradients_and_inputs(fn, full=True):
-    """Gradients flow back to Q and K, and the inputs are left untouched (gradcheck, float64)."""
+    """Gradients flow back to Q and K, and the inputs are left untouched (``assert_gradcheck``, float64)."""
     g = torch.Generator().manual_seed(11)
     # Every size equal, so that the batching mistakes still run and are judged
     # here on their gradients alone.

@@ -292,7 +292,7 @@ def check_gradients_and_inputs(fn, full=True):
     """Gradients flow back to x, h0, W_xh, W_hh and b, and the inputs are left untouched.
 
     Compares the answer's own autograd gradients with finite differences of the
-    answer itself (``torch.autograd.gradcheck``, float64): an answer with wrong
+    answer itself (``assert_gradcheck``, float64): an answer with wrong
     values but honest gradients passes; one that detaches, leaves torch or
     modifies its inputs does not. ``full=False`` runs the smallest case only.
     """
