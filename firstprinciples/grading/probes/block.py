@@ -21,7 +21,7 @@ import numpy as np
 from ...checks import block as bk_checks
 from ...checks import multihead as mh_checks
 from ...reference import FeedForward, TransformerBlock
-from . import Probe, aspect, normal, register, with_directions
+from . import Probe, aspect, normal, register, vector_jacobian, with_directions
 from .multihead import (build_module, causal, forward_and_gradients, masked_weights_are_zero, nothing, returned_pair,
                         scalars_and_honest_gradients, try_forward)
 
@@ -88,7 +88,7 @@ def ffn_run(cls, case):
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
         raise AssertionError("the output is not connected to the gradients of x")
     named = list(m.parameters())
-    grads = torch.autograd.grad(out, [leaf, *named], case["grad_out"].to(out.dtype), allow_unused=True)
+    grads = vector_jacobian(out, [leaf, *named], case["grad_out"].to(out.dtype))
     return {"output": out.detach(), "grad_x": grads[0], "parameters without a gradient": sum(g is None for g in grads[1:]),
             "x unchanged": bool(torch.equal(leaf.detach(), case["x"]))}
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from ...checks import kv_cache as kv_checks
 from ...reference import KVCache, MultiHeadAttention, cached_attention_step, generate
-from . import Probe, aspect, looked_up, normal, register
+from . import Probe, aspect, looked_up, normal, register, vector_jacobian
 from .multihead import returned_pair
 
 
@@ -80,7 +80,7 @@ def cache_run(cls, case):
         if not all(isinstance(t, torch.Tensor) and t.requires_grad for t in (K, V)):
             raise AssertionError("the K and V returned by append are not connected to the gradients of the keys and values")
         g = case["grad_out"]
-        grads = torch.autograd.grad([K, V], ks + vs, [g[0].to(K.dtype), g[1].to(V.dtype)], allow_unused=True)
+        grads = vector_jacobian([K, V], ks + vs, [g[0].to(K.dtype), g[1].to(V.dtype)])
         return {"gradients of the keys": tuple(grads[: len(ks)]), "gradients of the values": tuple(grads[len(ks):])}
     cache = cls()
     empty = (_len(cache), getattr(cache, "K", "missing") is None and getattr(cache, "V", "missing") is None)
@@ -206,7 +206,7 @@ def step_run(fn, case, namespace=None):
         if not isinstance(out, torch.Tensor) or not out.requires_grad:
             raise AssertionError("the output is not connected to the gradients of x and the weights")
         params = [getattr(mha, n).weight for n in ("W_q", "W_k", "W_v", "W_o")]
-        grads = torch.autograd.grad(out, [x, *params], case["grad_out"].to(out.dtype), allow_unused=True)
+        grads = vector_jacobian(out, [x, *params], case["grad_out"].to(out.dtype))
         res = dict(zip(("grad_x", "grad_W_q", "grad_W_k", "grad_W_v", "grad_W_o"), grads))
         res["inputs unchanged"] = unchanged
         return res

@@ -19,7 +19,7 @@ import numpy as np
 from ...checks import modern_block as C
 from ...checks import multihead as mh_checks
 from ...reference import GroupedQueryAttention, RMSNorm, SwiGLU
-from . import Probe, aspect, normal, register
+from . import Probe, aspect, normal, register, vector_jacobian
 from .multihead import build_module, causal, masked_weights_are_zero, returned_pair, try_forward
 
 
@@ -33,7 +33,7 @@ def _gradients(m, case, forward):
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
         raise AssertionError("the output is not connected to the gradients of x")
     params = list(m.parameters())
-    grads = torch.autograd.grad(out, [leaf, *params], case["grad_out"].to(out.dtype), allow_unused=True)
+    grads = vector_jacobian(out, [leaf, *params], case["grad_out"].to(out.dtype))
     return {"output": out.detach(), "grad_x": grads[0], "parameters without a gradient": sum(g is None for g in grads[1:]),
             "x unchanged": bool(torch.equal(leaf.detach(), case["x"]))}
 

@@ -23,7 +23,8 @@ import numpy as np
 from ...checks import multihead as mh_checks
 from ...reference import MultiHeadAttention, merge_heads, split_heads
 from .. import wire
-from . import Probe, arrays, aspect, call_runner, honest_gradients, normal, register, with_directions
+from . import (Probe, arrays, aspect, call_runner, honest_gradients, normal, register, vector_jacobian,
+               with_directions)
 
 FD_STEP = 1e-6
 
@@ -237,7 +238,7 @@ def forward_and_gradients(m, case, weight_layers):
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
         raise AssertionError("the output is not connected to the gradients of x")
     params = [p for p in weight_layers(m)]
-    grads = torch.autograd.grad(out, [leaf, *params], case["grad_out"].to(out.dtype), allow_unused=True)
+    grads = vector_jacobian(out, [leaf, *params], case["grad_out"].to(out.dtype))
     return {"output": out.detach(), "grad_x": grads[0],
             "parameters without a gradient": sum(g is None for g in grads[1:]),
             "x unchanged": bool(torch.equal(leaf.detach(), case["x"])),
