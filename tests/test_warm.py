@@ -321,10 +321,15 @@ def test_the_template_imports_on_request_only_what_the_course_lists():
 
 @needs_linux
 def test_a_kernel_asked_for_at_once_does_not_wait_for_what_only_later_children_need():
-    """The template answers a request that is waiting when its first imports are done before it
-    imports ``warm.FIRST_BACKWARD`` (what torch's first backward pass imports): a kernel asked for
-    at once (the check command's) starts without it and imports it itself at its first backward
-    pass, which works as in a cold kernel; a child forked once the template has been idle has it."""
+    """The template answers a request that is waiting when its first imports are done, before
+    what it does when idle; it imports ``warm.FIRST_BACKWARD`` (what torch imports at a first
+    backward pass handed an output gradient) only once a re-check's runner has been forked. So
+    the check command's kernel and runner never wait for it: a kernel asked for at once starts
+    without it and imports it itself at its first such backward pass, which works as in a cold
+    kernel; kernels forked while no runner has been are still without it; one forked after a
+    runner (a grading worker's next notebook) has it."""
+    from firstprinciples.grading import trusted
+
     key = (os.getpid(), False)
     earlier = warm.Template._current.pop(key, None)
     template = warm.Template.get(False)  # a fresh one, still importing: the kernel's request waits for it
@@ -348,6 +353,8 @@ def test_a_kernel_asked_for_at_once_does_not_wait_for_what_only_later_children_n
 
     try:
         before, grad, after_backward = asyncio.run(first())
+        without_runner = [asyncio.run(later()) for _ in range(3)]  # (the template idle in between)
+        trusted._kill(warm.Runner(sandbox.recheck_command(False), False)())  # a runner: forked, then stopped
         deadline = time.monotonic() + 60
         seen = asyncio.run(later())
         while seen != "True" and time.monotonic() < deadline:
@@ -358,7 +365,8 @@ def test_a_kernel_asked_for_at_once_does_not_wait_for_what_only_later_children_n
         if earlier is not None:
             warm.Template._current[key] = earlier
     assert (before, grad, after_backward) == ("False", "[2.0, 2.0, 2.0]", "True")
-    assert seen == "True", "a kernel forked once the template was idle does not have it"
+    assert without_runner == ["False"] * 3
+    assert seen == "True", "a kernel forked after a runner does not have it"
 
 
 @needs_linux

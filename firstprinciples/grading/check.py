@@ -128,11 +128,8 @@ def check(path: Path, timeout: int = 120, imported: threading.Thread | None = No
     print(f"Running {path} in a fresh kernel...", flush=True)
     # Where the template can be used, the re-check's trusted side runs in a child of it
     # (``verdicts.Service``): this process never imports torch. Elsewhere the reference's results
-    # are computed here, after the cells, and import what torch's first backward pass needs
-    # (sympy among it: 0.4-0.9 s): imported meanwhile, while this process only waits for the kernel.
+    # are computed here, after the cells.
     service = warm.available()
-    if not service:
-        threading.Thread(target=warm.preload_first_backward, daemon=True).start()
     config, folder, extra = _kernel_config()
     if imported is not None:
         imported.join()

@@ -526,10 +526,8 @@ class ParallelAutograde(Autograde):
         # process never needs torch; elsewhere each worker would import it: it is imported here.
         if not (self._start_templates(workers, threads) and self._decides_in_service()):
             from . import probes, trusted  # noqa: F401
-            from .warm import preload_first_backward
 
             probes.load()
-            preload_first_backward()  # what each worker's first reference result would import: once, here
         import IPython  # noqa: F401 (jupyter_client's kernel-spec lookup imports it: 0.44 s in each worker)
         # What this process has made so far is moved out of the collector's generations: the
         # workers' collections then walk only what each makes itself, not nbgrader's objects (nor

@@ -33,10 +33,10 @@ kind of child, never sandboxed, once: its trusted re-check's side (``verdicts.se
 runs no student code, serves that process's notebooks one after another, and gets a connection
 of its own to the template, to ask for the re-check's runners in turn (``CONNECTED``). What a
 kernel's start does not need the template does when it is idle, one step at a time, answering
-any request between two steps, so a kernel asked for at once does not wait for it: first the
-import of what torch's first backward pass needs (``FIRST_BACKWARD``), then what only the
-re-check's children need (the probes' registry, a first snapshot, which a runner's own first
-snapshot starts from). A service may also ask it to import a module of ``LAZY`` (torch._dynamo,
+any request between two steps, so a kernel asked for at once does not wait for it: first what
+only the re-check's children need (the probes' registry, a first snapshot, which a runner's own
+first snapshot starts from), then what some of torch's own code imports at its first call
+(``FIRST_BACKWARD``). A service may also ask it to import a module of ``LAZY`` (torch._dynamo,
 which tiled attention's and the capstone's first calls import: 0.9-1.3 s in every kernel and
 runner of theirs) once a re-check of its needed it: the template imports it between two
 requests and forks nothing for it, and every child forked after has it.
@@ -75,14 +75,17 @@ import time
 from traitlets import default
 
 COLD_ENV = "FP_GRADING_COLD"
-# What torch's first backward pass with a given gradient imports (sympy among it: 0.4-0.9 s),
-# in a kernel, a re-check and the grader's own reference results alike.
+# What torch imports at the first backward pass handed an explicit output gradient
+# (``out.backward(g)``, ``torch.autograd.gradcheck``) and at the first ``Module.to_empty`` (sympy
+# among it: 0.3-0.9 s). The course's checks, probes and reference results do neither any more
+# (``checks._core.assert_gradcheck``, ``probes.vector_jacobian``); torch.nn.RNN's copy in the rnn
+# checks and a student's own ``backward(g)`` still do.
 FIRST_BACKWARD = "torch.fx.experimental.symbolic_shapes"
 
 
 def preload_first_backward() -> None:
-    """Import ``FIRST_BACKWARD`` (in a background thread, or in the template once it is idle: a
-    failure only means it is imported later, where it is needed)."""
+    """Import ``FIRST_BACKWARD`` (in the template once it is idle: a failure only means it is
+    imported later, where it is needed)."""
     try:
         __import__(FIRST_BACKWARD)
     except Exception:  # noqa: BLE001
@@ -94,11 +97,10 @@ def preload_first_backward() -> None:
 PRELOAD = ("torch", "numpy", "numpy.random", "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel",
            "ipykernel.debugger", "tornado.queues", "tornado.locks", "firstprinciples.checks",
            "firstprinciples.reference", "firstprinciples.grading.recheck")
-# Not ``FIRST_BACKWARD`` (0.4-0.5 s), which many notebooks' cells, the reference's results and the
-# re-checks need but a kernel's start does not: the template imports it the first time no request
-# is waiting (``main``). So the check command's one kernel is forked without waiting for it, and
-# its service and runner (forked after) have it; a child forked before imports it itself at its
-# first backward pass, as a cold one does.
+# Not ``FIRST_BACKWARD`` (0.3-0.5 s), which a kernel's start does not need: the template imports it
+# when no request is waiting (``main``), last, after what the re-check's children need. So the
+# check command's kernel, service and runner are forked without waiting for it; a child forked
+# before imports it itself where it needs it, as a cold one does.
 from .recheck import LAZY  # noqa: E402 (what the template imports on request: see there)
 # The kinds of child that get a connection of their own to the template, to ask for children in
 # turn: a grading process's trusted re-check service (``verdicts``; never sandboxed, it runs no
@@ -605,18 +607,21 @@ def _serve(socks: list, later=()) -> None:
     when the last connection is closed (its worker, or the grader, is gone). ``later``: what
     to do when no request is waiting, one step at a time and each once, in order (what a
     kernel's start does not need: a kernel requested at once does not wait for it, nor does
-    a request that comes between two steps)."""
+    a request that comes between two steps). A step ``(kind, f)`` (and every step after it)
+    waits until a child of that kind has been forked."""
     libc = _libc()
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of unsandboxed kernels are reaped here
     signal.signal(signal.SIGCHLD, _reap)
     open_socks = list(socks)
-    later = list(later)
+    later = [step if isinstance(step, tuple) else (None, step) for step in later]
+    forked: set = {None}  # the kinds of child forked so far
     while open_socks:
         try:
-            ready, _, _ = select.select(open_socks, [], [], 0 if later else None)
-            if not ready and later:
+            due = bool(later) and later[0][0] in forked
+            ready, _, _ = select.select(open_socks, [], [], 0 if due else None)
+            if not ready and due:
                 try:
-                    later.pop(0)()
+                    later.pop(0)[1]()
                 except Exception:  # noqa: BLE001 (then each child does it itself, as a cold one does)
                     pass
                 continue
@@ -636,6 +641,7 @@ def _serve(socks: list, later=()) -> None:
                     reply, connection = {"preloaded": _preload(request.get("modules"))}, None
                 else:
                     reply, connection = _fork(socks, request, fds, libc)
+                    forked.add(request.get("kind"))
                 if connection is not None:  # a child that asks for children of its own
                     socks.append(connection)
                     open_socks.append(connection)
@@ -899,7 +905,10 @@ def main() -> None:
     # collection: 150 ms before, 2 ms after), and do not write to the pages it shares
     # with the template. (Python's advice for a process that forks without exec.)
     gc.freeze()
-    _serve(socks, later=[preload_first_backward, gc.freeze, _prepare_recheck])
+    # (what torch's own code imports at a first call only once a re-check's runner has been
+    # forked: the check command's one runner never waits for it; a grading worker's later kernels,
+    # services and runners have it)
+    _serve(socks, later=[_prepare_recheck, ("recheck", preload_first_backward), gc.freeze])
 
 
 def _prepare_recheck() -> None:
