@@ -3,6 +3,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -116,9 +117,13 @@ LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the ser
     ("correct", {"scaled_dot_product_attention": "test_masks"}, []),  # hung in the kernel: not run again
     ("correct", {}, ["first code cell"]),  # a cell that ran past its timeout: loaded with a short limit
 ])
-def test_the_service_decides_exactly_as_the_grading_process(notebooks, answers, hung, slow):
+@pytest.mark.parametrize("ahead", [False, True], ids=["after the cells", "ahead"])
+def test_the_service_decides_exactly_as_the_grading_process(notebooks, answers, hung, slow, ahead):
     """The check command's trusted side (a child of the template) and the grader's (this process)
-    give the same failures, notes and test-cell outputs for the same notebook and seed."""
+    give the same failures, notes and test-cell outputs for the same notebook and seed; also
+    when the service started the re-check ahead, beside the cells, on the guess that none would
+    time out (``verdicts.Ahead``: its outcomes are taken, or, where the guess was wrong, thrown
+    away and the re-check run again)."""
     from firstprinciples.grading import trusted, verdicts
 
     path = notebooks[answers] if answers != "alias" else None
@@ -133,7 +138,7 @@ def test_the_service_decides_exactly_as_the_grading_process(notebooks, answers, 
     seed, limits = 20261202, trusted.Limits(piece=45.0, total=300.0)
     here, there = nbformat.from_dict(nb), nbformat.from_dict(nb)
     local = verdicts.decide(here, trusted.make_plan(here, seed), hung, slow, 60.0, limits, False)
-    service = verdicts.Service.begin(there, seed, None)
+    service = verdicts.Service.begin(there, seed, None, ahead=(60.0, limits, False) if ahead else None)
     try:
         assert service.tested() == verdicts.tested_pieces(there)
         remote = service.decide(there, hung, slow, 60.0, limits, False)
@@ -150,6 +155,59 @@ def test_the_service_decides_exactly_as_the_grading_process(notebooks, answers, 
             assert any("scaled_dot_product_attention" in r for r in failed.values()), failed
         if hung:
             assert all("did not return within 60.0 s in test_masks" in r for r in failed.values()), failed
+
+
+@LINUX
+def test_a_re_check_started_ahead_is_stopped_when_a_cell_times_out(notebooks):
+    """A cell that never ends: the re-check started ahead would load it for the kernel's whole
+    limit per cell (60 s here). The kernel's run tells the service at the first timeout
+    (``abandon``), which stops that runner at once; the decision then loads the cell with the
+    short limit of a cell that ran past its timeout, and is the grading process's own."""
+    from firstprinciples.grading import trusted, verdicts, warm
+
+    nb = nbformat.read(notebooks["correct"], as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    first.source += "\nwhile True:\n    pass\n"
+    slow = {nb.cells.index(first)}
+    seed, limits = 20261203, trusted.Limits(piece=45.0, total=300.0)
+    here, there = nbformat.from_dict(nb), nbformat.from_dict(nb)
+    local = verdicts.decide(here, trusted.make_plan(here, seed), {}, slow, 60.0, limits, False)
+    template = warm.Template.get(False).proc.pid
+
+    def runners() -> set:  # the template's live re-check runners (by the name it gives them; not zombies)
+        found = set()
+        for entry in Path("/proc").iterdir():
+            try:
+                state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+                if (entry.name.isdigit() and (entry / "comm").read_text().strip() == "fp-recheck"
+                        and int(ppid) == template and state != "Z"):
+                    found.add(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                pass
+        return found - earlier
+
+    def wait_until(condition, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return condition()
+
+    earlier: set = set()
+    earlier = runners()  # (another test's, still ending)
+    service = verdicts.Service.begin(there, seed, None, ahead=(60.0, limits, False))
+    try:
+        service.tested()
+        assert wait_until(lambda: bool(runners()), 30), "no re-check was started ahead"
+        service.abandon()
+        assert wait_until(lambda: not runners(), 10), "the re-check started ahead went on after abandon"
+        started = time.monotonic()
+        remote = service.decide(there, {}, slow, 60.0, limits, False)
+        took = time.monotonic() - started
+    finally:
+        service.close()
+    assert remote == local
+    assert [c.get("outputs") for c in there.cells] == [c.get("outputs") for c in here.cells]
+    assert took < 40, f"the decision took {took:.0f} s: a cell past its timeout was loaded with the full limit"
 
 
 @LINUX

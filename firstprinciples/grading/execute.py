@@ -135,6 +135,7 @@ class RobustExecute(Execute):
         self._budget_end = time.monotonic() + self.notebook_timeout
         self._service = None  # started with the first kernel (async_start_new_kernel)
         self._service_starting = None  # the thread that starts it, until it is joined
+        self._abandoned = False  # the service was told to stop the re-check it started ahead
         self._want_service = self.trusted_verdicts and (
             warm.available() if self.recheck_service is None else self.recheck_service)
         known: dict = {}
@@ -160,7 +161,7 @@ class RobustExecute(Execute):
         if self._want_service:  # forked by the template right after the kernel, it gets ready beside it
             self._want_service = False
             # In a thread, while the first cells run: the template may be busy with what it does
-            # when idle (``warm.FIRST_BACKWARD``: 0.4 s) before it forks the service. The thread
+            # when idle (``warm._prepare_recheck``: 0.3 s) before it forks the service. The thread
             # only waits on the template and writes the notebook to the service, from a copy
             # made here, before any cell has run.
             nb = copy.deepcopy(self.nb)
@@ -187,8 +188,9 @@ class RobustExecute(Execute):
         return self._seed, self._sources
 
     def _start_service(self, nb):
-        try:
-            return verdicts.Service.begin(nb, *self._plan_inputs(), template=self._sandboxed())
+        try:  # (the re-check starts there at once, on the guess that no cell will time out: see _abandon_ahead)
+            return verdicts.Service.begin(nb, *self._plan_inputs(), template=self._sandboxed(),
+                                          ahead=(self._cell_limit, self._limits(), self._sandboxed()))
         except verdicts.ServiceError as e:
             warm._cold_note(e)
             return None
@@ -230,6 +232,8 @@ class RobustExecute(Execute):
                 pieces = tested().get(index) or []
                 all_pieces = sorted({p for ps in tested().values() for p in ps})
                 self._note_timeout(cell, index, pieces, all_pieces, stopped=fault is None)
+                if self._hung or self._slow:
+                    self._abandon_ahead()
             elif fault is not None:
                 self._add_note(f"{_grade_id(cell) or f'code cell {index + 1}'}: the kernel died (it crashed, "
                                "exited, or went over the memory or CPU limit); grading went on in a fresh kernel")
@@ -298,13 +302,30 @@ class RobustExecute(Execute):
     def _sandboxed(self) -> bool:
         return self.kernel_name == "fp-sandbox"
 
+    def _limits(self):
+        return trusted.Limits(piece=self.recheck_piece_timeout, total=self.recheck_timeout)
+
+    def _abandon_ahead(self) -> None:
+        """A piece did not return or a cell ran past its timeout: the re-check that the service
+        started beside the cells, on the guess that neither would happen, is stopped now (it runs
+        again, told so, once the cells are done)."""
+        if self._abandoned:
+            return
+        self._abandoned = True
+        if self._started_service() is not None:
+            try:
+                self._service.abandon()
+            except verdicts.ServiceError as e:
+                warm._cold_note(e)
+                self._service.close()
+                self._service = None
+
     async def _trusted_recheck(self, clean: list[int]) -> None:
         """The trusted re-check, in a fresh runner (never in the student's kernel), then the
         verdict made final in every test cell (``trusted.apply``)."""
         import asyncio
 
-        limits = trusted.Limits(piece=self.recheck_piece_timeout, total=self.recheck_timeout)
-        args = (self._hung, self._slow, float(self._cell_limit), limits, self._sandboxed())
+        args = (self._hung, self._slow, float(self._cell_limit), self._limits(), self._sandboxed())
 
         def here():
             return verdicts.decide(self.nb, trusted.make_plan(self.nb, *self._plan_inputs()), *args)

@@ -186,8 +186,11 @@ class Limits:
     output: int = 64 * 2**20  # bytes of report at most
 
 
-def run_runner(command: list, cells: list, checks: list, limits: Limits, deadline: float) -> tuple[dict, dict]:
-    """Run one re-check runner; return (loaded event or {}, name -> piece event or a failure reason str)."""
+def run_runner(command: list, cells: list, checks: list, limits: Limits, deadline: float,
+               cancel=None) -> tuple[dict, dict]:
+    """Run one re-check runner; return (loaded event or {}, name -> piece event or a failure reason str).
+    ``cancel``: a ``threading.Event`` that, once set, stops it within a tenth of a second (what it
+    returns then is incomplete)."""
     nonce = secrets.token_hex(16)
     job = {"nonce": nonce, "cells": cells, "pieces": [{"name": c.name, "cases": c.cases} for c in checks]}
     prefix = MARK + nonce
@@ -206,7 +209,7 @@ def run_runner(command: list, cells: list, checks: list, limits: Limits, deadlin
         buf, size = b"", 0
         step_started, phase_limit = time.monotonic(), limits.load
         done = False
-        while not done:
+        while not done and not (cancel is not None and cancel.is_set()):
             now = time.monotonic()
             left = min(step_started + phase_limit, deadline) - now
             if left <= 0:
@@ -218,7 +221,7 @@ def run_runner(command: list, cells: list, checks: list, limits: Limits, deadlin
                 for n in pending[:1] if loaded else (pending if len(checks) == 1 else []):
                     results[n] = f"the re-check did not finish {what}"
                 break
-            if not sel.select(timeout=min(left, 1.0)):
+            if not sel.select(timeout=min(left, 1.0 if cancel is None else 0.1)):
                 continue
             chunk = os.read(proc.stdout.fileno(), 1 << 16)
             if not chunk:
@@ -286,14 +289,15 @@ def _kill(proc) -> None:
             pass
 
 
-def recheck(plan: Plan, command: list, limits: Limits | None = None) -> tuple[dict, list]:
+def recheck(plan: Plan, command: list, limits: Limits | None = None, cancel=None) -> tuple[dict, list]:
     """Run the re-check of every piece of the plan; return (name -> Outcome, notebook flags).
 
     All pieces go to one runner with the cells they depend on. A piece that the runner
     did not reach (it died, e.g. ``os._exit`` in another piece's cell, or stopped at a
     piece that hung) gets a runner of its own with only its own dependencies, so one
     piece's fault costs only that piece. A piece that was missing or raised gets one more
-    try with every non-test cell loaded; the better verdict stands."""
+    try with every non-test cell loaded; the better verdict stands. ``cancel``: as in ``run_runner``
+    (a cancelled re-check's outcomes are incomplete: only for throwing away)."""
     limits = limits or Limits()
     deadline = time.monotonic() + limits.total
     outcomes: dict = {}
@@ -302,7 +306,7 @@ def recheck(plan: Plan, command: list, limits: Limits | None = None) -> tuple[di
     def run(checks: list, everything: bool) -> list:
         """Run ``checks`` in one runner; record their outcomes; return the ones not reached."""
         cells = job_cells(plan, [c.name for c in checks], everything)
-        loaded, results = run_runner(command, cells, checks, limits, deadline)
+        loaded, results = run_runner(command, cells, checks, limits, deadline, cancel)
         context = _load_context(loaded)
         said = loaded.get("imported") if isinstance(loaded, dict) else None
         if isinstance(said, list):
@@ -328,11 +332,11 @@ def recheck(plan: Plan, command: list, limits: Limits | None = None) -> tuple[di
     for everything in (False, True):
         todo = [c for c in plan.checks if c.name not in plan.hung] if not everything else [
             c for c in plan.checks if c.name in outcomes and outcomes[c.name].retry()]
-        if not todo or time.monotonic() >= deadline:
+        if not todo or time.monotonic() >= deadline or (cancel is not None and cancel.is_set()):
             continue
         missed = run(todo, everything) if len(todo) > 1 else todo
         for check in missed:  # each on its own
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or (cancel is not None and cancel.is_set()):
                 break
             if run([check], everything):
                 outcomes.setdefault(check.name, Outcome("the re-check ended before it reported this piece "

@@ -22,10 +22,14 @@ their results compared with the course's reference, the verdict made final in ev
   then imports torch once, before it forks its workers).
 
 The service's protocol, one JSON document a line on its standard input and output, for each
-notebook in turn: the grading process sends ``{"nb", "seed", "sources"}`` and the service answers
-``{"tested"}`` (test cell index -> the pieces it tests); then it sends ``{"nb" (executed), "hung",
-"slow", "cell_limit", "limits", "sandboxed"}`` and the service answers ``{"outputs"`` (test cell
-index -> outputs), ``"failed"`` (index -> reason), ``"notes"}``. A notebook that ends without
+notebook in turn: the grading process sends ``{"nb", "seed", "sources", "ahead"}`` and the service
+answers ``{"tested"}`` (test cell index -> the pieces it tests); with ``ahead`` (``{"cell_limit",
+"limits", "sandboxed"}``) it then starts the re-check at once, beside the cells, on the guess that
+none will time out (``Ahead``), and ``{"abandon": true}`` (sent at the kernel's first cell past its
+timeout) stops it; then the grading process sends ``{"nb" (executed), "hung", "slow", "cell_limit",
+"limits", "sandboxed"}`` and the service answers ``{"outputs"`` (test cell index -> outputs),
+``"failed"`` (index -> reason), ``"notes"}``: from the re-check started ahead where the kernel's
+run showed what it guessed, else from one run now. A notebook that ends without
 asking for its decision stops the service (the next one gets a new one). When a later notebook
 comes to a service whose re-checks imported a module of ``warm.LAZY`` (its reference results, or a
 runner that said so), it asks the template, once, to import that module too (``Template.preload``:
@@ -54,14 +58,64 @@ def decide(nb, plan, hung: dict, slow, cell_limit: float, limits, sandboxed: boo
     ``hung``: piece -> where it did not return in the kernel (it is not run again); ``slow``:
     indices of cells that ran past their timeout; ``cell_limit``: the kernel's seconds per cell.
     Returns (test cell index -> why it fails, the notes for an instructor)."""
+    return _final(nb, plan, *_recheck(plan, hung, slow, cell_limit, limits, sandboxed))
+
+
+def _recheck(plan, hung: dict, slow, cell_limit: float, limits, sandboxed: bool, cancel=None) -> tuple[dict, list]:
+    """The re-check's outcomes for what the kernel's run showed (``decide``): (name -> Outcome, flags)."""
     plan.hung = {p: f"it did not return within {cell_limit} s in {where} in your notebook, so it was not "
                     "run again" for p, where in hung.items()}
     plan.slow, plan.cell_timeout = set(slow), float(cell_limit)
     command = warm.Runner(sandbox.recheck_command(sandboxed), sandboxed)
-    outcomes, flags = trusted.recheck(plan, command, limits)
+    return trusted.recheck(plan, command, limits, cancel)
+
+
+def _final(nb, plan, outcomes: dict, flags: list) -> tuple[dict, list]:
     failed, flagged = trusted.apply(nb, plan, outcomes)
     notes = sorted(set(flags) | {f for fs in flagged.values() for f in fs})
     return failed, notes
+
+
+class Ahead:
+    """The re-check started as soon as its plan is made, beside the kernel's cells, on the guess
+    that the kernel's run will show nothing that changes it: no piece that did not return, no
+    cell past its timeout (``decide``'s ``hung`` and ``slow`` empty), with the limits given here.
+    Its runner is given exactly what ``decide``'s would be given then, so its outcomes are the
+    same; when the guess is wrong they are thrown away (``take``: the runner is stopped) and the
+    re-check runs again with what the kernel showed. On a machine that is not busy (the check
+    command's: one notebook, two cores) the re-check's runner then costs no time after the last
+    cell; a busy one (a grading worker's) does the same work, only sooner."""
+
+    def __init__(self, plan, cell_limit: float, limits, sandboxed: bool):
+        import threading
+
+        self.plan, self.given = plan, (float(cell_limit), dict(vars(limits)), bool(sandboxed))
+        self.cancel = threading.Event()
+        self.result = None
+        self.thread = threading.Thread(target=self._run, name="fp-recheck-ahead", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        cell_limit, limits, sandboxed = self.given
+        try:
+            result = _recheck(self.plan, {}, (), cell_limit, trusted.Limits(**limits), sandboxed, self.cancel)
+        except Exception:  # noqa: BLE001 (then the re-check runs again, after the cells, as without it)
+            return
+        if not self.cancel.is_set():
+            self.result = result
+
+    def stop(self) -> None:
+        """Stop it (its runner is killed) and wait until it has."""
+        self.cancel.set()
+        self.thread.join()
+
+    def take(self, hung: dict, slow, cell_limit: float, limits, sandboxed: bool):
+        """Its (outcomes, flags) when the kernel's run showed what it guessed, else None (it is stopped)."""
+        if hung or slow or (float(cell_limit), dict(vars(limits)), bool(sandboxed)) != self.given:
+            self.stop()
+            return None
+        self.thread.join()
+        return self.result
 
 
 def reference_ahead(plan) -> None:
@@ -87,11 +141,13 @@ class Service:
     _current: dict = {}  # (pid of the owning process, template) -> Service
 
     @classmethod
-    def begin(cls, nb, seed: int, sources: set | None, template: bool = False) -> "Service":
+    def begin(cls, nb, seed: int, sources: set | None, template: bool = False, ahead=None) -> "Service":
         """This process's service, started on first use (or when the last one is gone, or was
         left in the middle of a notebook), making ``nb``'s plan and reference results now.
         ``template``: which of this process's templates forks it (the one for sandboxed
-        children, or for plain ones: the one its kernels come from)."""
+        children, or for plain ones: the one its kernels come from). ``ahead``: (the kernel's
+        seconds per cell, the re-check's ``Limits``, sandboxed): the service then starts the
+        re-check beside the cells, on the guess that none will time out (``Ahead``)."""
         key = (os.getpid(), template)
         service = cls._current.pop(key, None)
         if service is not None and (service._busy or not service.alive()):
@@ -99,13 +155,13 @@ class Service:
             service = None
         if service is not None:
             try:
-                service._start(nb, seed, sources)
+                service._start(nb, seed, sources, ahead)
             except ServiceError:  # it ended since its last notebook: a new one
                 service.close()
                 service = None
         if service is None:
             service = cls(template)
-            service._start(nb, seed, sources)
+            service._start(nb, seed, sources, ahead)
         cls._current[key] = service
         return service
 
@@ -127,11 +183,19 @@ class Service:
         self._tested = None
         self._busy = False  # a notebook was given and its decision not yet received
 
-    def _start(self, nb, seed: int, sources: set | None) -> None:
+    def _start(self, nb, seed: int, sources: set | None, ahead=None) -> None:
         import nbformat
 
         self._tested, self._busy = None, True
-        self._send({"nb": nbformat.writes(nb), "seed": seed, "sources": sorted(sources) if sources else None})
+        guess = None if ahead is None else {"cell_limit": float(ahead[0]), "limits": vars(ahead[1]),
+                                            "sandboxed": bool(ahead[2])}
+        self._send({"nb": nbformat.writes(nb), "seed": seed, "sources": sorted(sources) if sources else None,
+                    "ahead": guess})
+
+    def abandon(self) -> None:
+        """The kernel's run showed what changes the re-check (a cell past its timeout): the one
+        started ahead is stopped now, not when the cells are done."""
+        self._send({"abandon": True})
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -247,14 +311,27 @@ def serve(template: socket.socket) -> None:
                 pass  # (the next request for a runner says so, and is answered as without a template)
         plan = trusted.make_plan(nb, int(first["seed"]), set(first["sources"]) if first["sources"] else None)
         reference_ahead(plan)
-        line = sys.stdin.readline()
-        if not line:
-            return
-        second = json.loads(line)
+        given = first.get("ahead")
+        guess = None if not given else Ahead(plan, given["cell_limit"], trusted.Limits(**given["limits"]),
+                                            bool(given["sandboxed"]))
+        while True:
+            line = sys.stdin.readline()
+            if not line:
+                if guess is not None:
+                    guess.stop()
+                return
+            second = json.loads(line)
+            if not second.get("abandon"):
+                break
+            if guess is not None:
+                guess.stop()
+                guess = None
         nb = nbformat.reads(second["nb"], as_version=4)
         plan.nb = nb
-        failed, notes = decide(nb, plan, second["hung"], second["slow"], second["cell_limit"],
-                               trusted.Limits(**second["limits"]), bool(second["sandboxed"]))
+        args = (second["hung"], second["slow"], second["cell_limit"], trusted.Limits(**second["limits"]),
+                bool(second["sandboxed"]))
+        found = guess.take(*args) if guess is not None else None
+        failed, notes = _final(nb, plan, *(found if found is not None else _recheck(plan, *args)))
         imported |= plan.imported
         _answer({"outputs": {i: nb.cells[i].get("outputs", []) for i in plan.graded}, "failed": failed,
                  "notes": notes})
