@@ -35,8 +35,8 @@ of its own to the template, to ask for the re-check's runners in turn (``CONNECT
 kernel's start does not need the template does when it is idle, one step at a time, answering
 any request between two steps, so a kernel asked for at once does not wait for it: first what
 only the re-check's children need (the probes' registry, a first snapshot, which a runner's own
-first snapshot starts from), then what some of torch's own code imports at its first call
-(``FIRST_BACKWARD``). A service may also ask it to import a module of ``LAZY`` (torch._dynamo,
+first snapshot starts from), then, once a re-check's runner has been forked, what some of torch's
+own code imports at its first call (``FIRST_BACKWARD``). A service may also ask it to import a module of ``LAZY`` (torch._dynamo,
 which tiled attention's and the capstone's first calls import: 0.9-1.3 s in every kernel and
 runner of theirs) once a re-check of its needed it: the template imports it between two
 requests and forks nothing for it, and every child forked after has it.
@@ -98,9 +98,9 @@ PRELOAD = ("torch", "numpy", "numpy.random", "IPython", "ipykernel.kernelapp", "
            "ipykernel.debugger", "tornado.queues", "tornado.locks", "firstprinciples.checks",
            "firstprinciples.reference", "firstprinciples.grading.recheck")
 # Not ``FIRST_BACKWARD`` (0.3-0.5 s), which a kernel's start does not need: the template imports it
-# when no request is waiting (``main``), last, after what the re-check's children need. So the
-# check command's kernel, service and runner are forked without waiting for it; a child forked
-# before imports it itself where it needs it, as a cold one does.
+# when no request is waiting (``main``), last, and only once a re-check's runner has been forked.
+# So the check command's kernel, service and runner are forked without waiting for it; a child
+# forked before imports it itself where it needs it, as a cold one does.
 from .recheck import LAZY  # noqa: E402 (what the template imports on request: see there)
 # The kinds of child that get a connection of their own to the template, to ask for children in
 # turn: a grading process's trusted re-check service (``verdicts``; never sandboxed, it runs no
