@@ -41,7 +41,7 @@ def _attention(q, k, v):
     return w @ v, w
 
 
-def _clamped_scale(q, k, v):  # an in-place change of an intermediate: autograd handles it
+def _scaled_in_place(q, k, v):  # an in-place change of an intermediate: autograd handles it
     s = (q @ k.transpose(-2, -1)).clone()
     s.mul_(0.5)
     return torch.softmax(s, dim=-1) @ v
@@ -53,7 +53,7 @@ RIGHT = {
     "weights returned detached beside a differentiable output": lambda q, k, v: (
         _attention(q, k, v)[0], _attention(q, k, v)[1].detach()),
     "a hand-written backward that is right": lambda q, k, v: _ExpRightBackward.apply(q) @ v.transpose(-2, -1),
-    "an in-place step on an intermediate": _clamped_scale,
+    "an in-place step on an intermediate": _scaled_in_place,
     "layer norm": lambda q, k, v: torch.nn.functional.layer_norm(q + k, q.shape[-1:]),
 }
 WRONG = {
