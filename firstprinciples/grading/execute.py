@@ -26,7 +26,10 @@ fails or the student's grading is aborted. ``RobustExecute`` instead:
   short limit; each is a note for the student and in ``grades.csv``;
 - after the last cell, runs the trusted re-check (``firstprinciples.grading.trusted``)
   in a fresh sandboxed interpreter, never in the student's kernel, and makes its
-  verdict final in every test cell.
+  verdict final in every test cell. Before it, for a piece the notebook trains (the
+  capstone's ``model``), one more cell, not part of the notebook, prints the trained
+  parameters, which the re-check loads into the student's own class instead of training
+  it a second time (``kernelstate``).
 
 Selected in ``nbgrader_config.py`` (``c.Autograde.autograde_preprocessors``).
 """
@@ -45,7 +48,7 @@ from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Float, Integer
 
-from . import sanitize, scan, trusted, verdicts, warm
+from . import kernelstate, sanitize, scan, trusted, verdicts, warm
 
 FAULT_NAME = "GradingFault"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -246,7 +249,7 @@ class RobustExecute(Execute):
         for piece, cells in failed_at_once.items():
             self._add_note(f"{len(cells)} later test(s) that call {piece} failed at once: {', '.join(cells)}")
         if self.trusted_verdicts:
-            await self._trusted_recheck(clean)
+            await self._trusted_recheck(clean, await self._kernel_states())
 
     # ------------------------------------------------------------ hangs
     def _hung_reason(self, pieces) -> str:
@@ -320,12 +323,33 @@ class RobustExecute(Execute):
                 self._service.close()
                 self._service = None
 
-    async def _trusted_recheck(self, clean: list[int]) -> None:
+    async def _kernel_states(self) -> dict:
+        """What the kernel prints, in one more cell after the last (not part of the notebook, its
+        output not kept), of the state of the pieces the re-check rebuilds instead of training them
+        again (``kernelstate``): name -> text, never trusted. Empty where there is none, or the
+        cell fails (the re-check then trains them as before)."""
+        import secrets
+
+        names = self._service_call(lambda s: s.rebuilt(), lambda: verdicts.rebuilt_pieces(self.nb))
+        if not names or self._restarts > self.max_restarts:
+            return {}
+        nonce = secrets.token_hex(8)
+        cell = NotebookNode(cell_type="code", source=kernelstate.snippet(names, nonce), metadata={}, outputs=[],
+                            execution_count=None)
+        saved = self.max_output_bytes
+        self.max_output_bytes = kernelstate.MAX_BYTES
+        try:
+            fault = await self._run_extra(cell)
+        finally:
+            self.max_output_bytes = saved
+        return {} if fault else kernelstate.printed(cell.outputs, nonce)
+
+    async def _trusted_recheck(self, clean: list[int], printed: dict | None = None) -> None:
         """The trusted re-check, in a fresh runner (never in the student's kernel), then the
         verdict made final in every test cell (``trusted.apply``)."""
         import asyncio
 
-        args = (self._hung, self._slow, float(self._cell_limit), self._limits(), self._sandboxed())
+        args = (self._hung, self._slow, float(self._cell_limit), self._limits(), self._sandboxed(), printed)
 
         def here():
             return verdicts.decide(self.nb, trusted.make_plan(self.nb, *self._plan_inputs()), *args)

@@ -16,7 +16,8 @@ into plain Python), the pieces to probe and their secret cases, and a nonce. The
    version tags, so one more after the last cell reads every namespace: a write that put a
    tag back is seen there, before any piece runs. After a piece, such a write is missed: what
    a piece's run changes is only flagged for an instructor, it never voids a result);
-3. it probes each piece (``runtime.report``: every case in its own watched window)
+3. it probes each piece (``runtime.report``: every case in its own watched window; a piece
+   given the ``state`` its kernel ended with is first rebuilt from it, ``kernelstate``)
    and writes one line per piece as soon as it is done, so that a piece that hangs
    costs only itself (the grader kills the runner and starts another for the rest);
 4. it ends with ``os._exit``: no ``atexit`` handler or finaliser of the student's runs.
@@ -179,7 +180,7 @@ def main() -> None:
         if name not in registry:
             continue
         try:
-            result = runtime.report(namespace, name, piece["cases"], codes.get(name))
+            result = runtime.report(namespace, name, piece["cases"], codes.get(name), piece.get("state"))
         except BaseException as e:  # noqa: B036 (the runner itself was broken by the student's code)
             result = {"name": name, "broken": f"{type(e).__name__}: {str(e)[:300]}"}
         after = snapshot(before)

@@ -17,14 +17,36 @@ MARK = wire.MARK
 _gc_disable, _gc_enable, _gc_isenabled, _gc_collect = gc.disable, gc.enable, gc.isenabled, gc.collect
 _Watch, _forbidden_python, _load, _decode_case, _encode = (observe.Watch, observe.forbidden_python, probes.load,
                                                            probes.decode_case, wire.encode)
+_decode_array = probes._decode
 
 
-def report(namespace: dict, name: str, cases: list, codes: dict | None = None) -> dict:
-    """Run probe ``name`` on ``namespace[name]`` for every encoded case: plain data only."""
+def report(namespace: dict, name: str, cases: list, codes: dict | None = None, state: dict | None = None) -> dict:
+    """Run probe ``name`` on ``namespace[name]`` for every encoded case: plain data only.
+
+    ``state`` (key -> encoded array: the parameters the kernel's object ended with): the object is
+    instead ``probe.rebuild(namespace, state)``, built inside the first case's watched window (a
+    rebuild that raises is that case's error, and every later case's)."""
     probe = _load()[name]
-    if name not in namespace:
+    built: dict = {}
+    if state is not None:
+        if probe.rebuild is None:
+            return {"name": name, "broken": "this piece is not rebuilt from a kernel's state"}
+
+        def target():
+            if "obj" not in built:
+                built["obj"] = None  # (a rebuild that raised is not tried again)
+                params = {k: _decode_array(v) for k, v in state.items()}
+                built["obj"] = probe.rebuild(namespace, params)
+            if built["obj"] is None:
+                raise RuntimeError("the trained object could not be rebuilt from the kernel's parameters")
+            return built["obj"]
+    elif name not in namespace:
         return {"name": name, "missing": True}
-    obj = namespace[name]
+    else:
+        obj = namespace[name]
+
+        def target():
+            return obj
     watch = probe.watch()
     codes = _forbidden_python(watch["torch_patterns"], watch["pieces"]) if codes is None else codes
     results = []
@@ -36,6 +58,7 @@ def report(namespace: dict, name: str, cases: list, codes: dict | None = None) -
         try:
             with _Watch(watch["torch_patterns"], watch["pieces"], codes) as seen:
                 try:
+                    obj = target()
                     out = probe.run(obj, case, namespace) if getattr(probe, "needs", ()) else probe.run(obj, case)
                     kept.append(out)
                     entry = {"outputs": {k: _encode(v) for k, v in out.items()}}

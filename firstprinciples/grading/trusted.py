@@ -187,12 +187,15 @@ class Limits:
 
 
 def run_runner(command: list, cells: list, checks: list, limits: Limits, deadline: float,
-               cancel=None) -> tuple[dict, dict]:
+               cancel=None, states: dict | None = None) -> tuple[dict, dict]:
     """Run one re-check runner; return (loaded event or {}, name -> piece event or a failure reason str).
     ``cancel``: a ``threading.Event`` that, once set, stops it within a tenth of a second (what it
-    returns then is incomplete)."""
+    returns then is incomplete). ``states``: name -> the parameters its kernel ended with, for
+    pieces the runner rebuilds from them (``Probe.rebuild``)."""
     nonce = secrets.token_hex(16)
-    job = {"nonce": nonce, "cells": cells, "pieces": [{"name": c.name, "cases": c.cases} for c in checks]}
+    job = {"nonce": nonce, "cells": cells,
+           "pieces": [{"name": c.name, "cases": c.cases, **({"state": states[c.name]} if states and c.name in states
+                                                             else {})} for c in checks]}
     prefix = MARK + nonce
     proc = start_runner(command)
     results: dict = {}
@@ -289,7 +292,14 @@ def _kill(proc) -> None:
             pass
 
 
-def recheck(plan: Plan, command: list, limits: Limits | None = None, cancel=None) -> tuple[dict, list]:
+def rebuilt(plan: Plan) -> list:
+    """The names of the plan's pieces that can be rebuilt from the state their kernel ended with
+    (``Probe.rebuild``: the capstone's trained ``model``)."""
+    return [c.name for c in plan.checks if c.probe.rebuild is not None]
+
+
+def recheck(plan: Plan, command: list, limits: Limits | None = None, cancel=None, states: dict | None = None,
+            only=None) -> tuple[dict, list]:
     """Run the re-check of every piece of the plan; return (name -> Outcome, notebook flags).
 
     All pieces go to one runner with the cells they depend on. A piece that the runner
@@ -297,16 +307,25 @@ def recheck(plan: Plan, command: list, limits: Limits | None = None, cancel=None
     piece that hung) gets a runner of its own with only its own dependencies, so one
     piece's fault costs only that piece. A piece that was missing or raised gets one more
     try with every non-test cell loaded; the better verdict stands. ``cancel``: as in ``run_runner``
-    (a cancelled re-check's outcomes are incomplete: only for throwing away)."""
+    (a cancelled re-check's outcomes are incomplete: only for throwing away).
+
+    ``states``: name -> the parameters the kernel's object ended with (``kernelstate.parse``), for
+    pieces with ``rebuild``. Such a piece is first probed rebuilt from them, in a runner that loads
+    only what ``rebuilt_from`` needs (not the cells that train it); when that passes every test cell
+    of the piece, that is its verdict. Otherwise (or with no state) it is re-checked as any piece,
+    its own cells loaded, and the better verdict stands: the state can only spare the second
+    training, never cost a point. ``only``: the names to re-check (None: every piece of the plan)."""
     limits = limits or Limits()
     deadline = time.monotonic() + limits.total
     outcomes: dict = {}
     flags: list = []
+    wanted = [c for c in plan.checks if only is None or c.name in only]
 
-    def run(checks: list, everything: bool) -> list:
+    def run(checks: list, everything: bool, with_states: bool = False) -> list:
         """Run ``checks`` in one runner; record their outcomes; return the ones not reached."""
-        cells = job_cells(plan, [c.name for c in checks], everything)
-        loaded, results = run_runner(command, cells, checks, limits, deadline, cancel)
+        names = [n for c in checks for n in c.probe.rebuilt_from] if with_states else [c.name for c in checks]
+        cells = job_cells(plan, names, everything)
+        loaded, results = run_runner(command, cells, checks, limits, deadline, cancel, states if with_states else None)
         context = _load_context(loaded)
         said = loaded.get("imported") if isinstance(loaded, dict) else None
         if isinstance(said, list):
@@ -328,10 +347,19 @@ def recheck(plan: Plan, command: list, limits: Limits | None = None, cancel=None
         return missed
 
     for name, why in plan.hung.items():
-        outcomes[name] = Outcome(why)
+        if only is None or name in only:
+            outcomes[name] = Outcome(why)
+    from_state = [c for c in wanted if c.name not in plan.hung and c.probe.rebuild is not None
+                  and states and states.get(c.name) is not None]
+    if from_state and time.monotonic() < deadline and not (cancel is not None and cancel.is_set()):
+        run(from_state, False, with_states=True)
+    settled = {c.name for c in from_state if c.name in outcomes and not _failing(plan, c, outcomes[c.name])}
+    # A rebuilt piece that fails is re-checked as any piece; its rebuilt outcome stands only if it fails
+    # fewer cells (a tie keeps the normal path's reason, which is what the student's cells did).
+    tried = {c.name: outcomes.pop(c.name) for c in from_state if c.name in outcomes and c.name not in settled}
     for everything in (False, True):
-        todo = [c for c in plan.checks if c.name not in plan.hung] if not everything else [
-            c for c in plan.checks if c.name in outcomes and outcomes[c.name].retry()]
+        todo = [c for c in wanted if c.name not in plan.hung and c.name not in settled] if not everything else [
+            c for c in wanted if c.name in outcomes and c.name not in settled and outcomes[c.name].retry()]
         if not todo or time.monotonic() >= deadline or (cancel is not None and cancel.is_set()):
             continue
         missed = run(todo, everything) if len(todo) > 1 else todo
@@ -341,8 +369,11 @@ def recheck(plan: Plan, command: list, limits: Limits | None = None, cancel=None
             if run([check], everything):
                 outcomes.setdefault(check.name, Outcome("the re-check ended before it reported this piece "
                                                         "(the code it loads crashed or ended the process)"))
-    for check in plan.checks:
+    for check in wanted:
         outcomes.setdefault(check.name, Outcome("the re-check of this notebook ran out of time"))
+        if check.name in tried and _failing(plan, check, tried[check.name]) < _failing(plan, check,
+                                                                                      outcomes[check.name]):
+            outcomes[check.name] = tried[check.name]
     return outcomes, sorted(set(f.lstrip("!") for f in flags))
 
 

@@ -23,12 +23,14 @@ their results compared with the course's reference, the verdict made final in ev
 
 The service's protocol, one JSON document a line on its standard input and output, for each
 notebook in turn: the grading process sends ``{"nb", "seed", "sources", "ahead"}`` and the service
-answers ``{"tested"}`` (test cell index -> the pieces it tests); with ``ahead`` (``{"cell_limit",
+answers ``{"tested", "rebuilt"}`` (test cell index -> the pieces it tests; the pieces whose state the
+grading process reads from the kernel after the last cell, ``kernelstate``); with ``ahead`` (``{"cell_limit",
 "limits", "sandboxed"}``) it then starts the re-check at once, beside the cells, on the guess that
 none will time out (``Ahead``), and ``{"abandon": true}`` (sent at the kernel's first cell past its
 timeout) stops it; then the grading process sends ``{"nb" (executed), "hung", "slow", "cell_limit",
-"limits", "sandboxed"}`` and the service answers ``{"outputs"`` (test cell index -> outputs),
-``"failed"`` (index -> reason), ``"notes"}``: from the re-check started ahead where the kernel's
+"limits", "sandboxed", "printed"}`` (``printed``: name -> what the kernel printed of that state)
+and the service answers ``{"outputs"`` (test cell index -> outputs), ``"failed"`` (index -> reason),
+``"notes"}``: from the re-check started ahead where the kernel's
 run showed what it guessed, else from one run now. A notebook that ends without
 asking for its decision stops the service (the next one gets a new one). When a later notebook
 comes to a service whose re-checks imported a module of ``warm.LAZY`` (its reference results, or a
@@ -44,7 +46,7 @@ import os
 import socket
 import sys
 
-from . import probes, sandbox, trusted, warm
+from . import kernelstate, probes, sandbox, trusted, warm
 
 
 def tested_pieces(nb) -> dict:
@@ -52,22 +54,47 @@ def tested_pieces(nb) -> dict:
     return trusted.grade_cell_names(nb, probes.load())
 
 
-def decide(nb, plan, hung: dict, slow, cell_limit: float, limits, sandboxed: bool) -> tuple[dict, list]:
+def rebuilt_pieces(nb) -> list:
+    """The graded pieces whose state the grader reads from the kernel after the last cell, so that
+    the re-check rebuilds them instead of training them again (``Probe.rebuild``)."""
+    registry = probes.load()
+    return sorted({n for ns in tested_pieces(nb).values() for n in ns if registry[n].rebuild is not None})
+
+
+def parsed_states(printed: dict | None) -> dict:
+    """name -> state, from what the kernel printed (``kernelstate.printed``); the malformed are left out."""
+    out = {}
+    for name, text in (printed or {}).items():
+        state = kernelstate.parse(text)
+        if isinstance(name, str) and state is not None:
+            out[name] = state
+    return out
+
+
+def decide(nb, plan, hung: dict, slow, cell_limit: float, limits, sandboxed: bool,
+           printed: dict | None = None) -> tuple[dict, list]:
     """Run the re-check of ``plan`` and make its verdict final in ``nb``'s test cells.
 
     ``hung``: piece -> where it did not return in the kernel (it is not run again); ``slow``:
-    indices of cells that ran past their timeout; ``cell_limit``: the kernel's seconds per cell.
+    indices of cells that ran past their timeout; ``cell_limit``: the kernel's seconds per cell;
+    ``printed``: what the kernel printed of the state of ``rebuilt_pieces`` (name -> text).
     Returns (test cell index -> why it fails, the notes for an instructor)."""
-    return _final(nb, plan, *_recheck(plan, hung, slow, cell_limit, limits, sandboxed))
+    return _final(nb, plan, *_recheck(plan, hung, slow, cell_limit, limits, sandboxed,
+                                      states=parsed_states(printed)))
 
 
-def _recheck(plan, hung: dict, slow, cell_limit: float, limits, sandboxed: bool, cancel=None) -> tuple[dict, list]:
+def _recheck(plan, hung: dict, slow, cell_limit: float, limits, sandboxed: bool, cancel=None, states=None,
+             only=None) -> tuple[dict, list]:
     """The re-check's outcomes for what the kernel's run showed (``decide``): (name -> Outcome, flags)."""
     plan.hung = {p: f"it did not return within {cell_limit} s in {where} in your notebook, so it was not "
                     "run again" for p, where in hung.items()}
     plan.slow, plan.cell_timeout = set(slow), float(cell_limit)
     command = warm.Runner(sandbox.recheck_command(sandboxed), sandboxed)
-    return trusted.recheck(plan, command, limits, cancel)
+    return trusted.recheck(plan, command, limits, cancel, states, only)
+
+
+def _merged(first: tuple, second: tuple) -> tuple[dict, list]:
+    return {**first[0], **second[0]}, sorted(set(first[1]) | set(second[1]))
 
 
 def _final(nb, plan, outcomes: dict, flags: list) -> tuple[dict, list]:
@@ -84,7 +111,11 @@ class Ahead:
     same; when the guess is wrong they are thrown away (``take``: the runner is stopped) and the
     re-check runs again with what the kernel showed. On a machine that is not busy (the check
     command's: one notebook, two cores) the re-check's runner then costs no time after the last
-    cell; a busy one (a grading worker's) does the same work, only sooner."""
+    cell; a busy one (a grading worker's) does the same work, only sooner.
+
+    A piece rebuilt from its kernel's state (``trusted.rebuilt``: the capstone's trained model) is
+    left out of the guess: its state exists only once the cells are done, so ``take`` re-checks it
+    then, from that state (else by training it again, as ``trusted.recheck`` does)."""
 
     def __init__(self, plan, cell_limit: float, limits, sandboxed: bool):
         import threading
@@ -97,8 +128,10 @@ class Ahead:
 
     def _run(self) -> None:
         cell_limit, limits, sandboxed = self.given
+        later = set(trusted.rebuilt(self.plan))
         try:
-            result = _recheck(self.plan, {}, (), cell_limit, trusted.Limits(**limits), sandboxed, self.cancel)
+            result = _recheck(self.plan, {}, (), cell_limit, trusted.Limits(**limits), sandboxed, self.cancel,
+                              only={c.name for c in self.plan.checks} - later)
         except Exception:  # noqa: BLE001 (then the re-check runs again, after the cells, as without it)
             return
         if not self.cancel.is_set():
@@ -109,13 +142,18 @@ class Ahead:
         self.cancel.set()
         self.thread.join()
 
-    def take(self, hung: dict, slow, cell_limit: float, limits, sandboxed: bool):
-        """Its (outcomes, flags) when the kernel's run showed what it guessed, else None (it is stopped)."""
+    def take(self, hung: dict, slow, cell_limit: float, limits, sandboxed: bool, printed: dict | None = None):
+        """Its (outcomes, flags) when the kernel's run showed what it guessed, else None (it is stopped);
+        with the pieces it left out re-checked now, from what the kernel ``printed`` of their state."""
         if hung or slow or (float(cell_limit), dict(vars(limits)), bool(sandboxed)) != self.given:
             self.stop()
             return None
         self.thread.join()
-        return self.result
+        later = trusted.rebuilt(self.plan)
+        if self.result is None or not later:
+            return self.result
+        return _merged(self.result, _recheck(self.plan, {}, (), cell_limit, limits, sandboxed,
+                                             states=parsed_states(printed), only=set(later)))
 
 
 def reference_ahead(plan) -> None:
@@ -180,7 +218,7 @@ class Service:
             os.close(in_r)
             os.close(out_w)
         self._to, self._from = os.fdopen(in_w, "w"), os.fdopen(out_r, "r")
-        self._tested = None
+        self._tested, self._rebuilt = None, []
         self._busy = False  # a notebook was given and its decision not yet received
 
     def _start(self, nb, seed: int, sources: set | None, ahead=None) -> None:
@@ -224,17 +262,27 @@ class Service:
 
     def tested(self) -> dict:
         if self._tested is None:
-            self._tested = {int(k): v for k, v in self._receive("tested")["tested"].items()}
+            doc = self._receive("tested", "rebuilt")
+            self._tested = {int(k): v for k, v in doc["tested"].items()}
+            self._rebuilt = [n for n in doc["rebuilt"] if isinstance(n, str)]
         return self._tested
 
-    def decide(self, nb, hung: dict, slow, cell_limit: float, limits, sandboxed: bool) -> tuple[dict, list]:
+    def rebuilt(self) -> list:
+        """``rebuilt_pieces`` of this notebook: what the grader reads from the kernel after the cells."""
+        self.tested()
+        return self._rebuilt
+
+    def decide(self, nb, hung: dict, slow, cell_limit: float, limits, sandboxed: bool,
+               printed: dict | None = None) -> tuple[dict, list]:
         """As ``decide``, in the service: the test cells' outputs of ``nb`` are replaced by its."""
         import nbformat
 
         self.tested()
         self._send({"nb": nbformat.writes(nb), "hung": hung, "slow": sorted(slow), "cell_limit": cell_limit,
-                    "limits": vars(limits), "sandboxed": sandboxed})
-        doc = self._receive("outputs", "failed", "notes", wait=limits.total + ANSWER_WAIT)
+                    "limits": vars(limits), "sandboxed": sandboxed, "printed": printed or {}})
+        # (the pieces rebuilt from the kernel's state are re-checked after the cells, on top of the
+        # re-check started ahead: each within the re-check's limit)
+        doc = self._receive("outputs", "failed", "notes", wait=2 * limits.total + ANSWER_WAIT)
         self._busy = False
         for index, outputs in doc["outputs"].items():
             nb.cells[int(index)]["outputs"] = [nbformat.from_dict(o) for o in outputs]
@@ -297,7 +345,7 @@ def serve(template: socket.socket) -> None:
             return  # (its process is done)
         first = json.loads(line)
         nb = nbformat.reads(first["nb"], as_version=4)
-        _answer({"tested": tested_pieces(nb)})
+        _answer({"tested": tested_pieces(nb), "rebuilt": rebuilt_pieces(nb)})
         wanted = sorted((imported | set(sys.modules)) & (set(warm.LAZY) - had))
         if wanted and not asked:
             # An earlier notebook's re-check imported one (its reference results, or its runner
@@ -330,8 +378,10 @@ def serve(template: socket.socket) -> None:
         plan.nb = nb
         args = (second["hung"], second["slow"], second["cell_limit"], trusted.Limits(**second["limits"]),
                 bool(second["sandboxed"]))
-        found = guess.take(*args) if guess is not None else None
-        failed, notes = _final(nb, plan, *(found if found is not None else _recheck(plan, *args)))
+        printed = second.get("printed") if isinstance(second.get("printed"), dict) else None
+        found = guess.take(*args, printed) if guess is not None else None
+        failed, notes = _final(nb, plan, *(found if found is not None else
+                                           _recheck(plan, *args, states=parsed_states(printed))))
         imported |= plan.imported
         _answer({"outputs": {i: nb.cells[i].get("outputs", []) for i in plan.graded}, "failed": failed,
                  "notes": notes})

@@ -31,6 +31,14 @@ such as the capstone's trained ``model``) and says
   namespace when the function was defined there), else uses the course's
   object. A needed object is not re-checked for the test cells of the probed
   one: it has its own probe and test cells.
+- optionally ``rebuild``: for an object that the notebook *trains* (the capstone's ``model``),
+  ``rebuild(namespace, state) -> object``: the object built again in the runner from the
+  notebook's own class (``rebuilt_from``, a name the runner loads with its dependencies) and the
+  parameters the kernel ended with (its ``state_dict``, shipped as plain data: ``kernelstate``).
+  The re-check then probes that object instead of loading the cells that train it, so the model
+  is trained once per submission, not twice; where the kernel's parameters are missing, do not
+  fit the class or fail a test, the object is re-checked as before, trained by its own cells
+  again, and the better verdict stands (``trusted.recheck``).
 
 Probe modules register their probes in ``REGISTRY``; ``load()`` imports them all.
 """
@@ -87,6 +95,8 @@ class Probe:
     case_tolerance: Callable | None = None
     cells: dict = field(default_factory=dict)  # test cell grade_id -> Aspect
     needs: tuple = ()  # names of other notebook objects run(obj, case, namespace) looks up in namespace
+    rebuild: Callable | None = None  # (namespace, state: name -> tensor) -> the object, from the kernel's state
+    rebuilt_from: tuple = ()  # the names rebuild uses (the runner loads them and their dependencies)
 
     def watch(self) -> dict:
         return {"torch_patterns": tuple(self.forbidden.get("torch_patterns", ())),

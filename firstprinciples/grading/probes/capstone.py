@@ -479,6 +479,23 @@ def judge_model(case, got):
     return None
 
 
+def rebuild_model(namespace, state):
+    """The trained model built again in the runner (``Probe.rebuild``), as the locked training cell
+    builds it: ``StudentGPT(len(vocab.tokens))`` of the notebook's own class, then the kernel's
+    parameters loaded into it (every key, every shape: ``load_state_dict(strict=True)``)."""
+    import torch
+
+    cls = namespace.get("StudentGPT")
+    if cls is None:
+        raise NameError("the notebook defines no StudentGPT to rebuild the trained model in")
+    from ...capstone.corpus import Vocab
+
+    model = cls(len(Vocab().tokens))  # (make_corpus(seed=0)'s vocabulary: the course's words)
+    params = {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for k, v in state.items()}
+    model.load_state_dict(params, strict=True)
+    return model.eval()
+
+
 MODEL_CELLS = {
     "test_trained": aspect("loss"),
     "test_resolves_it": aspect("resolve"),
@@ -489,5 +506,6 @@ register(
     Probe("StudentGPT", gpt_cases, run_gpt, reference=TinyGPT, forbidden=C.MODEL_FORBIDDEN, cells=GPT_CELLS),
     Probe("generate_cached", generate_cases, run_generate, reference=reference_generate_cached,
           forbidden=C.GENERATE_FORBIDDEN, cells=GENERATE_CELLS, needs=("StudentGPT", "KVCache")),
-    Probe("model", model_cases, run_model, forbidden=C.MODEL_FORBIDDEN, judge=judge_model, cells=MODEL_CELLS),
+    Probe("model", model_cases, run_model, forbidden=C.MODEL_FORBIDDEN, judge=judge_model, cells=MODEL_CELLS,
+          rebuild=rebuild_model, rebuilt_from=("StudentGPT",)),
 )
