@@ -362,7 +362,11 @@ def recheck(plan: Plan, command: list, limits: Limits | None = None, cancel=None
             c for c in wanted if c.name in outcomes and c.name not in settled and outcomes[c.name].retry()]
         if not todo or time.monotonic() >= deadline or (cancel is not None and cancel.is_set()):
             continue
-        missed = run(todo, everything) if len(todo) > 1 else todo
+        # A piece with ``rebuild`` always has runners of its own: the same runners, and so the same
+        # outcomes and context, whether or not the re-check was started ahead (``verdicts.Ahead``
+        # leaves it out) and whether or not its kernel's state was usable.
+        rest = [c for c in todo if c.probe.rebuild is None]
+        missed = (run(rest, everything) if len(rest) > 1 else rest) + [c for c in todo if c.probe.rebuild]
         for check in missed:  # each on its own
             if time.monotonic() >= deadline or (cancel is not None and cancel.is_set()):
                 break
