@@ -312,3 +312,79 @@ def test_the_verdict_is_the_same_in_the_grading_process_and_the_service_started_
         # The course's parameters fail in this class, but the class trained in the runner learns the
         # task without positions: its model cells pass (the state cost nothing); its forward fails.
         assert "test_model_forward" in failed and not set(failed) & set(MODEL_CELLS), failed
+
+
+# ---------------------------------------------------------------- the kernel's imports, a hint
+def _said(lazy, nonce: str = "n0nce") -> dict:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        kernelstate.emit({"model": load_trained()[0]}, ["model"], nonce, lazy)
+    return kernelstate.printed([{"output_type": "stream", "name": "stdout", "text": out.getvalue()}], nonce)
+
+
+def test_the_kernel_says_which_lazy_modules_it_imported():
+    """The extra cell lists the modules of ``recheck.LAZY`` in the kernel's ``sys.modules``, and only
+    those; the line is never taken for a piece's state."""
+    import torch.optim  # noqa: F401 (imported by every test process; torch._dynamo is not, unless a test did)
+
+    present = "torch.optim"
+    printed = _said(("torch.optim", "no.such.module"))
+    assert kernelstate.imported(printed, ("torch.optim", "no.such.module")) == {present}
+    assert kernelstate.imported(printed, ("no.such.module",)) == set(), "a module outside the list was taken"
+    assert set(verdicts.parsed_states(printed)) == {"model"}
+    assert kernelstate.IMPORTED not in _said(())  # (nothing to ask: no line)
+    out = io.StringIO()  # the cell's own source, as the kernel runs it
+    with redirect_stdout(out):
+        exec(kernelstate.snippet(["model"], "n0nce", ("torch.optim",)), {"model": load_trained()[0]})
+    cell = kernelstate.printed([{"output_type": "stream", "name": "stdout", "text": out.getvalue()}], "n0nce")
+    assert kernelstate.imported(cell, ("torch.optim",)) == {present} and set(verdicts.parsed_states(cell)) == {"model"}
+
+
+@pytest.mark.parametrize("text", [None, "{not json", '"torch._dynamo"', '{"name": ".imported"}',
+                                  '{"name": ".imported", "imported": "torch._dynamo"}',
+                                  '{"name": ".imported", "imported": [1, null, ["torch._dynamo"]]}'])
+def test_a_malformed_word_on_imports_is_nothing(text):
+    printed = {} if text is None else {kernelstate.IMPORTED: text}
+    assert kernelstate.imported(printed, ("torch._dynamo",)) == set()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the service is a child of the warm template")
+@pytest.mark.parametrize("said", [True, False], ids=["the kernel had it", "it did not"])
+def test_a_service_has_the_template_import_what_the_kernel_imported(said):
+    """The capstone's kernel trains the model (an optimizer's step imports torch._dynamo, 1.1 s);
+    its re-check only rebuilds it and so never imports it. The kernel's word then makes the grading
+    worker's service ask the template for it at the next notebook, so that later kernels have it;
+    without that word nothing is asked. Attention's notebook stands in for the capstone's (its
+    re-check imports nothing of the list); the verdicts are the grading process's either way."""
+    import os
+
+    from firstprinciples.grading import warm
+
+    nb = nbformat.read(SOLUTIONS / "attention" / "scaled_dot_product_attention.ipynb", as_version=4)
+    limits = trusted.Limits(piece=45.0, total=300.0)
+    printed = {kernelstate.IMPORTED: wire.dumps({"name": kernelstate.IMPORTED,
+                                                 "imported": ["torch._dynamo"] if said else []})}
+    key = (os.getpid(), False)
+    earlier = warm.Template._current.pop(key, None)
+    template = warm.Template.get(False)  # (a fresh one: nothing asked of it yet)
+    try:
+        assert "torch._dynamo" not in template.preload([])
+        for seed in (7, 8):
+            here, there = nbformat.from_dict(nb), nbformat.from_dict(nb)
+            service = verdicts.Service.begin(there, seed, None)
+            service.tested()
+            local = verdicts.decide(here, trusted.make_plan(here, seed), {}, set(), 60.0, limits, False, printed)
+            assert service.decide(there, {}, set(), 60.0, limits, False, printed) == local
+            assert not local[0], local
+            service.release()
+        # (the second notebook's start is where the service asks; a preload is answered in order)
+        deadline = time.monotonic() + (60 if said else 3)
+        while "torch._dynamo" not in template.preload([]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ("torch._dynamo" in template.preload([])) == said
+    finally:
+        for service in list(verdicts.Service._current.values()):
+            service.close()
+        template.close()
+        if earlier is not None:
+            warm.Template._current[key] = earlier

@@ -16,6 +16,13 @@ could do as well in the cells the runner would load to train the model itself: t
 model's provenance is not provable either way (``probes.capstone``). A state that is missing,
 malformed or over ``MAX_BYTES``, or a rebuilt object that fails, sends the piece back to the
 re-check as before (its cells loaded, the model trained again).
+
+The same cell says which of the modules in ``recheck.LAZY`` the kernel has imported
+(``IMPORTED``). Before, the runner that trained the model again imported them too (an
+optimizer's step imports torch._dynamo, 1.1 s) and said so, and the grading worker's template
+then imported them once for every later child; a runner that only rebuilds the model never
+imports them, so each capstone kernel paid that import itself. It is a hint only, as the
+runner's is: it can make the template import a module of that fixed list, nothing else.
 """
 from __future__ import annotations
 
@@ -25,19 +32,25 @@ from . import wire
 
 MARK = "@@fp-kernel-state@@"
 MAX_BYTES = 64 * 2**20  # characters of printed state at most (the capstone's model: about 0.6 MB)
+IMPORTED = ".imported"  # the name of the line that lists the modules (not an identifier: never a piece's)
 
 
-def snippet(names, nonce: str) -> str:
-    """The cell the grader runs in the kernel: print the state of each of ``names``."""
+def snippet(names, nonce: str, lazy=()) -> str:
+    """The cell the grader runs in the kernel: print the state of each of ``names``, and which of
+    the modules ``lazy`` the kernel has imported."""
     return (f"__import__('firstprinciples.grading.kernelstate', fromlist=['emit']).emit(globals(), "
-            f"{sorted(names)!r}, {nonce!r})")
+            f"{sorted(names)!r}, {nonce!r}, {sorted(lazy)!r})")
 
 
-def emit(namespace: dict, names, nonce: str) -> None:
-    """In the kernel: one line per name, ``MARK nonce JSON``: {"name", "state": key -> encoded
+def emit(namespace: dict, names, nonce: str, lazy=()) -> None:
+    """In the kernel, lines of ``MARK nonce JSON``: first {"name": IMPORTED, "imported": the
+    modules of ``lazy`` in ``sys.modules``}, then one per name: {"name", "state": key -> encoded
     tensor} or {"name", "error"}."""
     import sys
 
+    if lazy:
+        doc = {"name": IMPORTED, "imported": [m for m in lazy if m in sys.modules]}
+        sys.stdout.write("\n" + MARK + nonce + wire.dumps(doc) + "\n")
     for name in names:
         try:
             obj = namespace[name]
@@ -67,6 +80,17 @@ def printed(outputs, nonce: str) -> dict:
             if isinstance(name, str):
                 found.setdefault(name, body)
     return found
+
+
+def imported(found: dict | None, lazy) -> set:
+    """The modules of ``lazy`` that the kernel said it had imported (``found``: what ``printed``
+    returned); an empty set where it said nothing usable."""
+    try:
+        said = json.loads((found or {}).get(IMPORTED) or "null")
+    except (ValueError, TypeError):
+        return set()
+    listed = said.get("imported") if isinstance(said, dict) else None
+    return {m for m in listed if isinstance(m, str)} & set(lazy) if isinstance(listed, list) else set()
 
 
 def parse(text) -> dict | None:
