@@ -20,7 +20,7 @@ import nbformat
 import pytest
 import torch
 
-from course import EXERCISES, SOLUTIONS
+from course import EXERCISES, SOLUTIONS, fresh_template
 from firstprinciples.capstone.model import TinyGPT, load_trained
 from firstprinciples.grading import kernelstate, probes, sandbox, trusted, verdicts, wire
 from test_instructor_roundtrip import fill, solution_answers
@@ -356,18 +356,13 @@ def test_a_service_has_the_template_import_what_the_kernel_imported(said):
     worker's service ask the template for it at the next notebook, so that later kernels have it;
     without that word nothing is asked. Attention's notebook stands in for the capstone's (its
     re-check imports nothing of the list); the verdicts are the grading process's either way."""
-    import os
-
     from firstprinciples.grading import warm
 
     nb = nbformat.read(SOLUTIONS / "attention" / "scaled_dot_product_attention.ipynb", as_version=4)
     limits = trusted.Limits(piece=45.0, total=300.0)
     printed = {kernelstate.IMPORTED: wire.dumps({"name": kernelstate.IMPORTED,
                                                  "imported": ["torch._dynamo"] if said else []})}
-    key = (os.getpid(), False)
-    earlier = warm.Template._current.pop(key, None)
-    template = warm.Template.get(False)  # (a fresh one: nothing asked of it yet)
-    try:
+    with fresh_template() as template:
         assert "torch._dynamo" not in template.preload([])
         for seed in (7, 8):
             here, there = nbformat.from_dict(nb), nbformat.from_dict(nb)
@@ -382,9 +377,3 @@ def test_a_service_has_the_template_import_what_the_kernel_imported(said):
         while "torch._dynamo" not in template.preload([]) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert ("torch._dynamo" in template.preload([])) == said
-    finally:
-        for service in list(verdicts.Service._current.values()):
-            service.close()
-        template.close()
-        if earlier is not None:
-            warm.Template._current[key] = earlier

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 
 from corpus.attacks import ATTACKS
-from course import EXERCISES, SOLUTIONS
+from course import EXERCISES, SOLUTIONS, fresh_template
 from test_instructor_roundtrip import NO_SCALING, fill, solution_answers
 
 ASSIGNMENT, NOTEBOOK = "attention", "scaled_dot_product_attention"
@@ -163,7 +163,7 @@ def test_a_re_check_started_ahead_is_stopped_when_a_cell_times_out(notebooks):
     limit per cell (60 s here). The kernel's run tells the service at the first timeout
     (``abandon``), which stops that runner at once; the decision then loads the cell with the
     short limit of a cell that ran past its timeout, and is the grading process's own."""
-    from firstprinciples.grading import trusted, verdicts, warm
+    from firstprinciples.grading import trusted, verdicts
 
     nb = nbformat.read(notebooks["correct"], as_version=4)
     first = next(c for c in nb.cells if c.cell_type == "code")
@@ -253,16 +253,11 @@ def test_a_service_has_the_template_import_what_its_re_checks_needed():
     imported it asks the template for it when its next notebook comes, so that the children
     forked after have it; after its one notebook (the check command's) it never asks. Either
     way the verdicts are the grading process's own."""
-    import os
-
-    from firstprinciples.grading import trusted, verdicts, warm
+    from firstprinciples.grading import trusted, verdicts
 
     nb = nbformat.read(SOLUTIONS / "tiled_attention" / "tiled_attention.ipynb", as_version=4)
     limits = trusted.Limits(piece=45.0, total=300.0)
-    key = (os.getpid(), False)
-    earlier = warm.Template._current.pop(key, None)
-    template = warm.Template.get(False)  # (a fresh one: nothing asked of it yet)
-    try:
+    with fresh_template() as template:
         for seed in (7, 8):
             here, there = nbformat.from_dict(nb), nbformat.from_dict(nb)
             service = verdicts.Service.begin(there, seed, None)
@@ -280,12 +275,6 @@ def test_a_service_has_the_template_import_what_its_re_checks_needed():
             service.release()
             if seed == 7:  # one notebook done: nothing asked
                 assert "torch._dynamo" not in template.preload([])
-    finally:
-        for service in list(verdicts.Service._current.values()):
-            service.close()
-        template.close()
-        if earlier is not None:
-            warm.Template._current[key] = earlier
 
 
 @LINUX
