@@ -22,7 +22,7 @@ import torch
 
 from course import EXERCISES, SOLUTIONS, fresh_template
 from firstprinciples.capstone.model import TinyGPT, load_trained
-from firstprinciples.grading import kernelstate, probes, sandbox, trusted, verdicts, wire
+from firstprinciples.grading import kernelstate, sandbox, trusted, verdicts, wire
 from test_instructor_roundtrip import fill, solution_answers
 
 NOTEBOOK = "capstone/capstone.ipynb"
@@ -356,7 +356,6 @@ def test_a_service_has_the_template_import_what_the_kernel_imported(said):
     worker's service ask the template for it at the next notebook, so that later kernels have it;
     without that word nothing is asked. Attention's notebook stands in for the capstone's (its
     re-check imports nothing of the list); the verdicts are the grading process's either way."""
-    from firstprinciples.grading import warm
 
     nb = nbformat.read(SOLUTIONS / "attention" / "scaled_dot_product_attention.ipynb", as_version=4)
     limits = trusted.Limits(piece=45.0, total=300.0)

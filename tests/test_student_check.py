@@ -163,7 +163,7 @@ def test_a_re_check_started_ahead_is_stopped_when_a_cell_times_out(notebooks):
     limit per cell (60 s here). The kernel's run tells the service at the first timeout
     (``abandon``), which stops that runner at once; the decision then loads the cell with the
     short limit of a cell that ran past its timeout, and is the grading process's own."""
-    from firstprinciples.grading import trusted, verdicts
+    from firstprinciples.grading import trusted, verdicts, warm
 
     nb = nbformat.read(notebooks["correct"], as_version=4)
     first = next(c for c in nb.cells if c.cell_type == "code")
