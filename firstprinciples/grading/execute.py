@@ -334,8 +334,8 @@ class RobustExecute(Execute):
         if not names or self._restarts > self.max_restarts:
             return {}
         nonce = secrets.token_hex(8)
-        cell = NotebookNode(cell_type="code", source=kernelstate.snippet(names, nonce, warm.LAZY), metadata={}, outputs=[],
-                            execution_count=None)
+        cell = NotebookNode(cell_type="code", source=kernelstate.snippet(names, nonce, warm.LAZY), metadata={},
+                            outputs=[], execution_count=None)
         saved = self.max_output_bytes
         self.max_output_bytes = kernelstate.MAX_BYTES
         try:
