@@ -319,6 +319,52 @@ def test_the_template_imports_on_request_only_what_the_course_lists():
     assert (before, got, after) == ("[]", ["torch._dynamo"], "['torch._dynamo']")
 
 
+# Whether this process has what the template's ``_prepare_tracebacks`` leaves: the course's
+# checks parsed for IPython's tracebacks (stack_data's cache of sources).
+PREPARED = ("import sys; s = sys.modules.get('stack_data'); "
+            "print(s is not None and any(k[0].endswith('checks/_core.py') "
+            "for k in s.Source.__dict__.get('__source_cache_with_lines', {})))")
+TRACEBACK = r'''
+import io, sys, contextlib, executing
+from firstprinciples.grading import warm
+if sys.argv[1] == "prepared":
+    warm._prepare_tracebacks()
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+shell.InteractiveTB.set_colors("Neutral")  # (as in a kernel: highlighted by pygments)
+shell.run_cell("from firstprinciples.checks import softmax as checks\n"
+               "def softmax(x, dim=-1):\n    e = x.exp()\n    return e / e.sum(dim=dim, keepdim=True)\n")
+parsed, init = [], executing.Source.__init__
+def counted(self, filename, lines):
+    parsed.append(filename)
+    init(self, filename, lines)
+executing.Source.__init__ = counted
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    shell.run_cell("checks.check_minus_inf(softmax)")  # the check fails: no max subtracted
+print(repr(out.getvalue()))
+print([p for p in parsed if not p.startswith("<")])
+'''
+
+
+def test_the_templates_traceback_caches_change_nothing_a_traceback_shows():
+    """``warm._prepare_tracebacks`` fills caches only: a failing check's traceback, formatted as a
+    kernel formats it (IPython, with colours), is the same text with and without it, and with it no
+    file on the traceback's path is parsed again (without it the course's checks and IPython's
+    own module are: 0.2 s of a failing notebook's first traceback)."""
+    runs = {}
+    for mode in ("cold", "prepared"):
+        out = subprocess.run([sys.executable, "-c", TRACEBACK, mode], capture_output=True, text=True,
+                             timeout=240, cwd=ROOT)
+        assert out.returncode == 0, out.stderr[-2000:]
+        text, parsed = out.stdout.strip().splitlines()[-2:]
+        runs[mode] = (text, eval(parsed))
+    assert "AssertionError" in runs["cold"][0] and "check_minus_inf" in runs["cold"][0]
+    assert runs["prepared"][0] == runs["cold"][0]
+    assert any("/firstprinciples/checks/" in p for p in runs["cold"][1])
+    assert any(p.endswith("interactiveshell.py") for p in runs["cold"][1])
+    assert runs["prepared"][1] == []
+
+
 @needs_linux
 def test_a_kernel_asked_for_at_once_does_not_wait_for_what_only_later_children_need():
     """The template answers a request that is waiting when its first imports are done, before
@@ -344,10 +390,10 @@ def test_a_kernel_asked_for_at_once_does_not_wait_for_what_only_later_children_n
         finally:
             await k.stop()
 
-    async def later():
+    async def later(code=probe):
         k = await Kernel("python3").start()
         try:
-            return await k.run(probe)
+            return await k.run(code)
         finally:
             await k.stop()
 
@@ -360,6 +406,10 @@ def test_a_kernel_asked_for_at_once_does_not_wait_for_what_only_later_children_n
         while seen != "True" and time.monotonic() < deadline:
             time.sleep(0.2)
             seen = asyncio.run(later())
+        prepared = asyncio.run(later(PREPARED))  # (the step after it: _prepare_tracebacks)
+        while prepared != "True" and time.monotonic() < deadline:
+            time.sleep(0.2)
+            prepared = asyncio.run(later(PREPARED))
     finally:
         template.close()
         if earlier is not None:
@@ -367,6 +417,7 @@ def test_a_kernel_asked_for_at_once_does_not_wait_for_what_only_later_children_n
     assert (before, grad, after_backward) == ("False", "[2.0, 2.0, 2.0]", "True")
     assert without_runner == ["False"] * 3
     assert seen == "True", "a kernel forked after a runner does not have it"
+    assert prepared == "True", "a kernel forked after a runner does not have the traceback's caches"
 
 
 @needs_linux

@@ -36,7 +36,9 @@ kernel's start does not need the template does when it is idle, one step at a ti
 any request between two steps, so a kernel asked for at once does not wait for it: first what
 only the re-check's children need (the probes' registry, a first snapshot, which a runner's own
 first snapshot starts from), then, once a re-check's runner has been forked, what some of torch's
-own code imports at its first call (``FIRST_BACKWARD``). A service may also ask it to import a module of ``LAZY`` (torch._dynamo,
+own code imports at its first call (``FIRST_BACKWARD``) and what IPython's first traceback in a
+kernel reads and compiles (``_prepare_tracebacks``: most of a failing notebook's first traceback,
+0.2 s). A service may also ask it to import a module of ``LAZY`` (torch._dynamo,
 which tiled attention's and the capstone's first calls import: 0.9-1.3 s in every kernel and
 runner of theirs) once a re-check of its needed it: the template imports it between two
 requests and forks nothing for it, and every child forked after has it.
@@ -724,8 +726,20 @@ def _preload(modules) -> list:
         except Exception:  # noqa: BLE001 (each child then imports it itself, where it needs it)
             pass
     if wanted:
-        gc.freeze()  # (as after the first imports: a child's collections never walk them)
+        _settle()
     return [m for m in LAZY if m in sys.modules]
+
+
+def _settle() -> None:
+    """After imports done between requests: the re-check's baseline taken again, if there is one
+    (a runner's first snapshot then reads none of the namespaces those imports wrote: 63 of 2,443
+    after ``FIRST_BACKWARD``), and everything made so far frozen out of the collector (a child's
+    collections never walk it)."""
+    from . import observe
+
+    if observe.BASELINE is not None:
+        observe.BASELINE = observe.snapshot(observe.BASELINE)
+    gc.freeze()
 
 
 def _reap(*_args) -> None:
@@ -905,10 +919,36 @@ def main() -> None:
     # collection: 150 ms before, 2 ms after), and do not write to the pages it shares
     # with the template. (Python's advice for a process that forks without exec.)
     gc.freeze()
-    # (what torch's own code imports at a first call only once a re-check's runner has been
-    # forked: the check command's one runner never waits for it; a grading worker's later kernels,
-    # services and runners have it)
-    _serve(socks, later=[_prepare_recheck, ("recheck", preload_first_backward), gc.freeze])
+    # (what torch's own code imports at a first call, and what a kernel's first traceback reads,
+    # only once a re-check's runner has been forked: the check command's one kernel and runner never
+    # wait for them; a grading worker's later kernels, services and runners have them)
+    _serve(socks, later=[_prepare_recheck, ("recheck", preload_first_backward), _prepare_tracebacks, _settle])
+
+
+def _prepare_tracebacks() -> None:
+    """What IPython's first traceback in a process costs, done once here for every kernel forked
+    after: ``inspect.getmodule``'s first walk of every imported module's file, the course's checks'
+    sources, IPython's ``run_code`` (the outermost frame of every cell's traceback) and torch's
+    ``nn.Module`` parsed by stack_data, pygments' Python lexer compiled (a failing test's cell
+    took 0.2 s in a fresh kernel, 0.01 s after this). Caches only, of files
+    every kernel may read anyway: a traceback reads the same lines and prints the same text."""
+    import glob
+    import inspect
+
+    import stack_data
+    import torch.nn.modules.module
+    from IPython.core import interactiveshell, ultratb
+
+    from .. import checks
+
+    inspect.getmodule(None, "<no module's file>")  # (a file no module has: every module is walked)
+    for path in [*sorted(glob.glob(os.path.join(os.path.dirname(checks.__file__), "*.py"))),
+                 interactiveshell.__file__, torch.nn.modules.module.__file__]:
+        stack_data.Source.for_filename(path)
+    try:
+        raise RuntimeError("a traceback formatted once, for its caches")
+    except RuntimeError:
+        ultratb.AutoFormattedTB(mode="Context", color_scheme="Neutral").structured_traceback(*sys.exc_info())
 
 
 def _prepare_recheck() -> None:
@@ -916,8 +956,13 @@ def _prepare_recheck() -> None:
     code each piece may not call, and a first snapshot (it loads torch's lazy submodules). Done
     when the template is first idle: a kernel asked for at once (the check command's) does not
     wait for it, and a child forked before has it done by itself, as a cold one does."""
+    import torch.overrides
+
     from . import observe, probes
 
+    # torch's table of the overridable functions' names, built at its first use (``functools.cache``):
+    # here from torch's own namespaces, before any student's code could have changed them
+    torch.overrides.resolve_name(torch.add)
     for probe in probes.load().values():
         watch = probe.watch()
         observe.forbidden_python(watch["torch_patterns"], watch["pieces"])
