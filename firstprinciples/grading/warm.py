@@ -48,7 +48,8 @@ run), in a sandbox of its own: one student's kernel shares no process, no
 ``/tmp``, no socket folder and no memory with another's (a fork copies memory;
 nothing is shared back). What differs from a cold start, and why it does not
 matter: the modules are already imported (a cold kernel imports the same ones
-at its first cell), ``hash()``'s seed is the template's (fixed per grading
+at its first cell) and some of their caches filled (the files IPython's first traceback reads,
+parsed; torch's table of function names), ``hash()``'s seed is the template's (fixed per grading
 command instead of per notebook), ``sys.flags.safe_path`` is set, and the objects
 the template made are frozen out of the garbage collector's generations
 (``gc.freeze``: a collection walks only what the kernel made; ``gc.get_objects()``
