@@ -9,6 +9,7 @@ the other.
 """
 from __future__ import annotations
 
+import ast
 import asyncio
 import copy
 import json
@@ -357,12 +358,41 @@ def test_the_templates_traceback_caches_change_nothing_a_traceback_shows():
                              timeout=240, cwd=ROOT)
         assert out.returncode == 0, out.stderr[-2000:]
         text, parsed = out.stdout.strip().splitlines()[-2:]
-        runs[mode] = (text, eval(parsed))
+        runs[mode] = (text, ast.literal_eval(parsed))
     assert "AssertionError" in runs["cold"][0] and "check_minus_inf" in runs["cold"][0]
     assert runs["prepared"][0] == runs["cold"][0]
     assert any("/firstprinciples/checks/" in p for p in runs["cold"][1])
     assert any(p.endswith("interactiveshell.py") for p in runs["cold"][1])
     assert runs["prepared"][1] == []
+
+
+SETTLED = r"""
+import importlib, json, sys
+from firstprinciples.grading import observe, warm
+for name in warm.PRELOAD:
+    importlib.import_module(name)
+warm._prepare_recheck()  # the baseline
+warm.preload_first_backward()
+warm._prepare_tracebacks()
+if sys.argv[1] == "settled":
+    warm._settle()
+first = observe.snapshot(observe.BASELINE)  # what a runner's first snapshot reads again
+print(json.dumps(sorted(str(k) for k, v in first.spaces.items() if v is not observe.BASELINE.spaces.get(k))))
+"""
+
+
+def test_the_baseline_is_taken_again_after_the_templates_idle_imports():
+    """The imports the template does when idle (``FIRST_BACKWARD``, the traceback's caches) write
+    to dozens of namespaces; ``warm._settle`` takes the re-check's baseline again after them, so a
+    runner's first snapshot reads none of them again (without it: every one)."""
+    reread = {}
+    for mode in ("unsettled", "settled"):
+        out = subprocess.run([sys.executable, "-c", SETTLED, mode], capture_output=True, text=True,
+                             timeout=240, cwd=ROOT)
+        assert out.returncode == 0, out.stderr[-2000:]
+        reread[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(reread["unsettled"]) > 20, reread["unsettled"]
+    assert reread["settled"] == ["firstprinciples.grading.observe"]  # (where the baseline itself was written)
 
 
 @needs_linux
