@@ -89,7 +89,16 @@ import subprocess
 subprocess.Popen(["sh", "-c", "sleep 20; for f in ../../gradebook.db /course/gradebook.db; do echo x >> $f; done"],
                  start_new_session=True)
 """, 10, None),
+    # an honest answer whose helper, in a cell of its own before the tests, is reached only through
+    # globals(): the re-check's first runner (the name analysis's dependencies) raises KeyError; its
+    # tests pass in the kernel, so a second try with every non-test cell is made, after the cells
+    # (the re-check started ahead leaves it for then), and passes
+    "helper_seen_only_at_run_time": (answer('e = globals()["_shifted_exp"](x, dim)\n'
+                                            'return e / e.sum(dim=dim, keepdim=True)'), None, 10, None),
 }
+# a cell inserted right after the answer cell, before the tests
+BEFORE_TESTS = {"helper_seen_only_at_run_time": "def _shifted_exp(x, dim):\n"
+                                                "    return torch.exp(x - x.amax(dim=dim, keepdim=True))\n"}
 
 
 def _grade(course):
@@ -109,6 +118,9 @@ def graded(tmp_path_factory):
         nb = fill(release, {**base, "softmax": code})
         if extra:
             nb.cells.append(nbformat.v4.new_code_cell(extra))
+        if student in BEFORE_TESTS:
+            at = next(i for i, c in enumerate(nb.cells) if nbgrader_meta(c).get("grade_id") == "softmax") + 1
+            nb.cells.insert(at, nbformat.v4.new_code_cell(BEFORE_TESTS[student]))
         target = course / "submitted" / student / ASSIGNMENT
         target.mkdir(parents=True)
         nbformat.write(nb, target / f"{NOTEBOOK}.ipynb")

@@ -459,3 +459,79 @@ def test_an_object_equal_to_a_forbidden_function_does_not_hide_it():
         LookAlike.armed = True
         F.scaled_dot_product_attention(q, q, q)
     assert any(name.startswith("torch.nn.functional.scaled_dot") for name, _ in seen.hits), seen.hits
+
+
+# ---------------------------------------------------------------- second tries
+# A softmax that reaches its helper only through globals(): the name analysis cannot see the
+# helper's cell, so the first runner (the piece's dependencies) raises KeyError; the second try,
+# with every non-test cell, loads the helper and passes.
+HIDDEN_HELPER = ('def softmax(x, dim=-1):\n    e = globals()["_shifted_exp"](x, dim)\n'
+                 '    return e / e.sum(dim=dim, keepdim=True)')
+HELPER = "def _shifted_exp(x, dim):\n    return torch.exp(x - x.amax(dim=dim, keepdim=True))"
+ERROR = {"output_type": "error", "ename": "AssertionError", "evalue": "wrong", "traceback": []}
+
+
+def _executed(failing=()):
+    """The softmax notebook with the hidden helper, as its kernel ran it: the test cells of ``failing``
+    (grade ids) with an error among their outputs, the others with none."""
+    nb = _infos(HELPER)
+    for cell in nb.cells:
+        meta = nbgrader_meta(cell)
+        if meta.get("grade_id") == "softmax":
+            cell.source = HIDDEN_HELPER
+        if cell.cell_type == "code":
+            cell.outputs = [nbformat.from_dict(ERROR)] if meta.get("grade_id") in failing else []
+    return nb
+
+
+TESTS = ("test_worked_example", "test_large_inputs", "test_minus_inf", "test_dims", "test_gradients_and_inputs")
+
+
+@pytest.mark.parametrize("failing, second", [
+    ((), True),  # every test cell passed in the kernel: the re-check alone could cost the points
+    (TESTS[:-1], True),  # one passed: its points depend on the second try
+    (TESTS, False),  # every one failed in the kernel: they score 0 whatever the re-check finds
+], ids=["none failed in the kernel", "one passed in the kernel", "all failed in the kernel"])
+def test_a_second_try_is_made_only_where_a_point_depends_on_it(failing, second, monkeypatch):
+    from firstprinciples.grading import sandbox
+
+    nb = _executed(failing)
+    plan = trusted.make_plan(nb, 0, trusted.course_sources(SOFTMAX))
+    runs = []
+    real = trusted.run_runner
+
+    def run_runner(command, cells, checks, *args, **kwargs):
+        runs.append([c["label"] for c in cells])
+        return real(command, cells, checks, *args, **kwargs)
+
+    monkeypatch.setattr(trusted, "run_runner", run_runner)
+    outcomes, _ = trusted.recheck(plan, sandbox.recheck_command(False), trusted.Limits())
+    n = len([c for c in nb.cells if c.cell_type == "code"])
+    assert f"code cell {n}" not in runs[0]  # the helper: not a dependency the analysis can see
+    failures = trusted.apply(nb, plan, outcomes)[0]
+    if second:
+        assert len(runs) == 2 and f"code cell {n}" in runs[1], runs
+        assert failures == {}, failures  # the second try's verdict stands: the helper was loaded
+    else:
+        assert len(runs) == 1, runs  # no runner for a verdict that cannot change a score
+        assert len(failures) == len(TESTS) and all("KeyError" in why for why in failures.values()), failures
+
+
+def test_second_tries_made_later_are_the_ones_made_at_once(monkeypatch):
+    """The re-check started ahead of the kernel (``verdicts.Ahead``) leaves its second tries for
+    when the cells are done (``second=False``), then makes them (``more_tries``): the same outcomes
+    as one re-check made with the executed notebook."""
+    from firstprinciples.grading import sandbox
+
+    command = sandbox.recheck_command(False)
+    for failing in ((), TESTS):
+        nb = _executed(failing)
+        sources = trusted.course_sources(SOFTMAX)
+        at_once, flags = trusted.recheck(trusted.make_plan(nb, 0, sources), command, trusted.Limits())
+        plan = trusted.make_plan(nb, 0, sources)
+        first = trusted.recheck(plan, command, trusted.Limits(), second=False)
+        assert first[0]["softmax"].retry()  # the first runner's KeyError
+        later, later_flags = trusted.more_tries(plan, command, first, trusted.Limits())
+        assert later_flags == flags
+        assert {k: (v.overall, v.cases) for k, v in later.items()} == {
+            k: (v.overall, v.cases) for k, v in at_once.items()}

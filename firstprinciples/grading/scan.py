@@ -7,7 +7,8 @@ the trusted re-check loads: for a piece such as ``softmax``, the cells that
 define it and, transitively, every name they use (helpers in cells of their own,
 constants, the course's imports), plus the cells that set attributes on those
 names (``MyAttention.helper = helper``). The choice is generous on purpose: a
-missed dependency costs a second run with every non-test cell, never a point.
+missed dependency costs a second run with every non-test cell (when a test cell
+that uses the piece passed in the kernel: else no point depends on it), never a point.
 """
 from __future__ import annotations
 

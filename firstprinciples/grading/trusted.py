@@ -17,8 +17,9 @@ The trusted re-check (``RobustExecute`` runs it after the last cell):
   wrote them and the student cells that define the pieces and, transitively, what
   they use (``scan.dependencies``). Test cells never run there, nor any other
   cell: a cell the student added cannot change a verdict (a piece that fails
-  with only its dependencies is tried once more with every non-test cell, so a
-  dependency that the name analysis missed costs nothing);
+  with only its dependencies is tried once more with every non-test cell when a
+  test cell that uses it passed in the kernel, so a dependency that the name
+  analysis missed costs nothing);
 - **secret inputs**: each piece is called on fresh inputs drawn here from a seed
   (an HMAC of a course secret that the sandbox cannot read, the student, the
   assignment and the notebook: unknown to the student, the same on every re-run);
@@ -299,15 +300,17 @@ def rebuilt(plan: Plan) -> list:
 
 
 def recheck(plan: Plan, command: list, limits: Limits | None = None, cancel=None, states: dict | None = None,
-            only=None) -> tuple[dict, list]:
+            only=None, second: bool = True) -> tuple[dict, list]:
     """Run the re-check of every piece of the plan; return (name -> Outcome, notebook flags).
 
     All pieces go to one runner with the cells they depend on. A piece that the runner
     did not reach (it died, e.g. ``os._exit`` in another piece's cell, or stopped at a
     piece that hung) gets a runner of its own with only its own dependencies, so one
     piece's fault costs only that piece. A piece that was missing or raised gets one more
-    try with every non-test cell loaded; the better verdict stands. ``cancel``: as in ``run_runner``
-    (a cancelled re-check's outcomes are incomplete: only for throwing away).
+    try with every non-test cell loaded, the better verdict standing, when a point still
+    depends on it (``second_tries``; ``second=False``: not now, the caller makes them later).
+    ``cancel``: as in ``run_runner`` (a cancelled re-check's outcomes are incomplete: only for
+    throwing away).
 
     ``states``: name -> the parameters the kernel's object ended with (``kernelstate.parse``), for
     pieces with ``rebuild``. Such a piece is first probed rebuilt from them, in a runner that loads
@@ -315,24 +318,86 @@ def recheck(plan: Plan, command: list, limits: Limits | None = None, cancel=None
     of the piece, that is its verdict. Otherwise (or with no state) it is re-checked as any piece,
     its own cells loaded, and the better verdict stands: the state can only spare the second
     training, never cost a point. ``only``: the names to re-check (None: every piece of the plan)."""
-    limits = limits or Limits()
-    deadline = time.monotonic() + limits.total
-    outcomes: dict = {}
-    flags: list = []
+    run = _Recheck(plan, command, limits, cancel, states)
     wanted = [c for c in plan.checks if only is None or c.name in only]
+    for name, why in plan.hung.items():
+        if only is None or name in only:
+            run.outcomes[name] = Outcome(why)
+    from_state = [c for c in wanted if c.name not in plan.hung and c.probe.rebuild is not None
+                  and states and states.get(c.name) is not None]
+    if from_state and run.in_time():
+        run.runner(from_state, False, with_states=True)
+    run.settled = {c.name for c in from_state if c.name in run.outcomes and not _failing(plan, c, run.outcomes[c.name])}
+    # A rebuilt piece that fails is re-checked as any piece; its rebuilt outcome stands only if it fails
+    # fewer cells (a tie keeps the normal path's reason, which is what the student's cells did).
+    run.tried = {c.name: run.outcomes.pop(c.name) for c in from_state if c.name in run.outcomes
+                 and c.name not in run.settled}
+    run.runners([c for c in wanted if c.name not in plan.hung and c.name not in run.settled], False)
+    if second:
+        run.runners(second_tries(plan, wanted, run.outcomes, run.settled), True)
+    return run.result(wanted)
 
-    def run(checks: list, everything: bool, with_states: bool = False) -> list:
+
+def second_tries(plan: Plan, checks: list, outcomes: dict, settled=()) -> list:
+    """Those of ``checks`` worth a second try with every non-test cell loaded: the piece was missing
+    or raised (a dependency the name analysis did not see, perhaps: ``Outcome.retry``) and some
+    test cell that uses it passed in the kernel (``plan.nb``: the executed notebook). A test cell
+    that failed there scores 0 whatever the re-check finds (a point needs both), so a second try
+    for a piece whose every test cell failed cannot change a score: it is not made. (It was the
+    capstone's costliest runner: a decoder left unwritten, tried again with every cell, trained
+    the model again, 4-6 s, for no point.)"""
+    passed = {i for i in plan.graded if not kernel_failed(plan.nb.cells[i])}
+    return [c for c in checks if c.name in outcomes and c.name not in settled and outcomes[c.name].retry()
+            and any(c.name in plan.graded[i] for i in passed)]
+
+
+def kernel_failed(cell) -> bool:
+    """The kernel's run already fails this test cell: an error among its outputs (what nbgrader
+    scores 0 once ``apply`` has made stderr and displayed values neutral)."""
+    return any(isinstance(o, dict) and o.get("output_type") == "error" for o in cell.get("outputs", []))
+
+
+def more_tries(plan: Plan, command: list, found: tuple, limits: Limits | None = None, cancel=None,
+               only=None) -> tuple[dict, list]:
+    """``found`` (outcomes, flags) of a ``recheck(..., second=False)`` of ``only`` (None: every piece),
+    with the second tries it left made now, as ``recheck`` would have made them with ``plan.nb``
+    executed: the same runners, in the same order, so the same outcomes."""
+    run = _Recheck(plan, command, limits, cancel, None)
+    run.outcomes, run.flags = dict(found[0]), list(found[1])
+    wanted = [c for c in plan.checks if only is None or c.name in only]
+    run.runners(second_tries(plan, wanted, run.outcomes), True)
+    return run.result(wanted)
+
+
+class _Recheck:
+    """One re-check's runners and what they found (``recheck``, ``more_tries``)."""
+
+    def __init__(self, plan: Plan, command: list, limits: Limits | None, cancel, states: dict | None):
+        self.plan, self.command, self.cancel, self.states = plan, command, cancel, states
+        self.limits = limits or Limits()
+        self.deadline = time.monotonic() + self.limits.total
+        self.outcomes: dict = {}
+        self.flags: list = []
+        self.settled: set = set()
+        self.tried: dict = {}  # rebuilt outcomes that did not settle their piece
+
+    def in_time(self) -> bool:
+        return time.monotonic() < self.deadline and not (self.cancel is not None and self.cancel.is_set())
+
+    def runner(self, checks: list, everything: bool, with_states: bool = False) -> list:
         """Run ``checks`` in one runner; record their outcomes; return the ones not reached."""
+        plan = self.plan
         names = [n for c in checks for n in c.probe.rebuilt_from] if with_states else [c.name for c in checks]
         cells = job_cells(plan, names, everything)
-        loaded, results = run_runner(command, cells, checks, limits, deadline, cancel, states if with_states else None)
+        loaded, results = run_runner(self.command, cells, checks, self.limits, self.deadline, self.cancel,
+                                     self.states if with_states else None)
         context = _load_context(loaded)
         said = loaded.get("imported") if isinstance(loaded, dict) else None
         if isinstance(said, list):
             plan.imported.update(m for m in said if isinstance(m, str))
         for change in (loaded.get("changes") or []) if isinstance(loaded, dict) else []:
-            flags.extend(_change_flags(change))
-        machinery = [f for f in flags if f.startswith("!")]
+            self.flags.extend(_change_flags(change))
+        machinery = [f for f in self.flags if f.startswith("!")]
         missed = []
         for check in checks:
             res = results.get(check.name)
@@ -341,44 +406,36 @@ def recheck(plan: Plan, command: list, limits: Limits | None = None, cancel=None
                 continue
             found = outcome(check, res, machinery) if isinstance(res, dict) else Outcome(res)
             found.context = context
-            old = outcomes.get(check.name)
+            old = self.outcomes.get(check.name)
             if old is None or _failing(plan, check, found) < _failing(plan, check, old):
-                outcomes[check.name] = found
+                self.outcomes[check.name] = found
         return missed
 
-    for name, why in plan.hung.items():
-        if only is None or name in only:
-            outcomes[name] = Outcome(why)
-    from_state = [c for c in wanted if c.name not in plan.hung and c.probe.rebuild is not None
-                  and states and states.get(c.name) is not None]
-    if from_state and time.monotonic() < deadline and not (cancel is not None and cancel.is_set()):
-        run(from_state, False, with_states=True)
-    settled = {c.name for c in from_state if c.name in outcomes and not _failing(plan, c, outcomes[c.name])}
-    # A rebuilt piece that fails is re-checked as any piece; its rebuilt outcome stands only if it fails
-    # fewer cells (a tie keeps the normal path's reason, which is what the student's cells did).
-    tried = {c.name: outcomes.pop(c.name) for c in from_state if c.name in outcomes and c.name not in settled}
-    for everything in (False, True):
-        todo = [c for c in wanted if c.name not in plan.hung and c.name not in settled] if not everything else [
-            c for c in wanted if c.name in outcomes and c.name not in settled and outcomes[c.name].retry()]
-        if not todo or time.monotonic() >= deadline or (cancel is not None and cancel.is_set()):
-            continue
+    def runners(self, todo: list, everything: bool) -> None:
+        """``todo`` in one runner (the pieces rebuilt from a state in runners of their own), and what
+        it did not reach each in a runner of its own."""
+        if not todo or not self.in_time():
+            return
         # A piece with ``rebuild`` always has runners of its own: the same runners, and so the same
         # outcomes and context, whether or not the re-check was started ahead (``verdicts.Ahead``
         # leaves it out) and whether or not its kernel's state was usable.
         rest = [c for c in todo if c.probe.rebuild is None]
-        missed = (run(rest, everything) if len(rest) > 1 else rest) + [c for c in todo if c.probe.rebuild]
+        missed = (self.runner(rest, everything) if len(rest) > 1 else rest) + [c for c in todo if c.probe.rebuild]
         for check in missed:  # each on its own
-            if time.monotonic() >= deadline or (cancel is not None and cancel.is_set()):
+            if not self.in_time():
                 break
-            if run([check], everything):
-                outcomes.setdefault(check.name, Outcome("the re-check ended before it reported this piece "
-                                                        "(the code it loads crashed or ended the process)"))
-    for check in wanted:
-        outcomes.setdefault(check.name, Outcome("the re-check of this notebook ran out of time"))
-        if check.name in tried and _failing(plan, check, tried[check.name]) < _failing(plan, check,
-                                                                                      outcomes[check.name]):
-            outcomes[check.name] = tried[check.name]
-    return outcomes, sorted(set(f.lstrip("!") for f in flags))
+            if self.runner([check], everything):
+                self.outcomes.setdefault(check.name, Outcome("the re-check ended before it reported this piece "
+                                                             "(the code it loads crashed or ended the process)"))
+
+    def result(self, wanted: list) -> tuple[dict, list]:
+        outcomes, plan = self.outcomes, self.plan
+        for check in wanted:
+            outcomes.setdefault(check.name, Outcome("the re-check of this notebook ran out of time"))
+            if check.name in self.tried and _failing(plan, check, self.tried[check.name]) < _failing(
+                    plan, check, outcomes[check.name]):
+                outcomes[check.name] = self.tried[check.name]
+        return outcomes, sorted(set(f.lstrip("!") for f in self.flags))
 
 
 def _failing(plan: Plan, check: Check, found: Outcome) -> int:

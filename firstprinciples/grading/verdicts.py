@@ -84,13 +84,17 @@ def decide(nb, plan, hung: dict, slow, cell_limit: float, limits, sandboxed: boo
 
 
 def _recheck(plan, hung: dict, slow, cell_limit: float, limits, sandboxed: bool, cancel=None, states=None,
-             only=None) -> tuple[dict, list]:
-    """The re-check's outcomes for what the kernel's run showed (``decide``): (name -> Outcome, flags)."""
+             only=None, second=True) -> tuple[dict, list]:
+    """The re-check's outcomes for what the kernel's run showed (``decide``): (name -> Outcome, flags).
+    ``second``: as in ``trusted.recheck`` (False: no second tries; ``plan.nb`` is not executed yet)."""
     plan.hung = {p: f"it did not return within {cell_limit} s in {where} in your notebook, so it was not "
                     "run again" for p, where in hung.items()}
     plan.slow, plan.cell_timeout = set(slow), float(cell_limit)
-    command = warm.Runner(sandbox.recheck_command(sandboxed), sandboxed)
-    return trusted.recheck(plan, command, limits, cancel, states, only)
+    return trusted.recheck(plan, _command(sandboxed), limits, cancel, states, only, second)
+
+
+def _command(sandboxed: bool):
+    return warm.Runner(sandbox.recheck_command(sandboxed), sandboxed)
 
 
 def _merged(first: tuple, second: tuple) -> tuple[dict, list]:
@@ -115,7 +119,9 @@ class Ahead:
 
     A piece rebuilt from its kernel's state (``trusted.rebuilt``: the capstone's trained model) is
     left out of the guess: its state exists only once the cells are done, so ``take`` re-checks it
-    then, from that state (else by training it again, as ``trusted.recheck`` does)."""
+    then, from that state (else by training it again, as ``trusted.recheck`` does). The second
+    tries (``trusted.second_tries``) wait for the cells too: whether a piece gets one depends on
+    the test cells that passed in the kernel."""
 
     def __init__(self, plan, cell_limit: float, limits, sandboxed: bool):
         import threading
@@ -131,7 +137,7 @@ class Ahead:
         later = set(trusted.rebuilt(self.plan))
         try:
             result = _recheck(self.plan, {}, (), cell_limit, trusted.Limits(**limits), sandboxed, self.cancel,
-                              only={c.name for c in self.plan.checks} - later)
+                              only={c.name for c in self.plan.checks} - later, second=False)
         except Exception:  # noqa: BLE001 (then the re-check runs again, after the cells, as without it)
             return
         if not self.cancel.is_set():
@@ -144,16 +150,21 @@ class Ahead:
 
     def take(self, hung: dict, slow, cell_limit: float, limits, sandboxed: bool, printed: dict | None = None):
         """Its (outcomes, flags) when the kernel's run showed what it guessed, else None (it is stopped);
-        with the pieces it left out re-checked now, from what the kernel ``printed`` of their state."""
+        with its second tries made now (``plan.nb``: the executed notebook) and the pieces it left out
+        re-checked now, from what the kernel ``printed`` of their state."""
         if hung or slow or (float(cell_limit), dict(vars(limits)), bool(sandboxed)) != self.given:
             self.stop()
             return None
         self.thread.join()
-        later = trusted.rebuilt(self.plan)
-        if self.result is None or not later:
-            return self.result
-        return _merged(self.result, _recheck(self.plan, {}, (), cell_limit, limits, sandboxed,
-                                             states=parsed_states(printed), only=set(later)))
+        if self.result is None:
+            return None
+        later = set(trusted.rebuilt(self.plan))
+        found = trusted.more_tries(self.plan, _command(sandboxed), self.result, limits,
+                                   only={c.name for c in self.plan.checks} - later)
+        if not later:
+            return found
+        return _merged(found, _recheck(self.plan, {}, (), cell_limit, limits, sandboxed,
+                                       states=parsed_states(printed), only=later))
 
 
 def reference_ahead(plan) -> None:
