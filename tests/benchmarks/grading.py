@@ -309,7 +309,7 @@ def main():
         # its kernel trains a model (8.6 s of its own compute), and so does its trusted re-check
         rest = [a for a in per_assignment if a != TRAINS]
         n, w = sum(counts[a] for a in rest), sum(per_assignment[a][2] for a in rest)
-        print(f"warm grading of every assignment but {TRAINS} (whose kernel and re-check each train a model): "
+        print(f"warm grading of every assignment but {TRAINS} (whose kernel trains a model): "
               f"{w / n / floor:.2f} x floor per notebook (target <= {WARM_TARGET} x: "
               f"{'met' if w / n / floor <= WARM_TARGET else 'NOT met'})")
     if not args.no_stock:
