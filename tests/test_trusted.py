@@ -535,3 +535,27 @@ def test_second_tries_made_later_are_the_ones_made_at_once(monkeypatch):
         assert later_flags == flags
         assert {k: (v.overall, v.cases) for k, v in later.items()} == {
             k: (v.overall, v.cases) for k, v in at_once.items()}
+
+
+def test_second_tries_made_later_keep_the_first_runners_word_on_the_graders_tools():
+    """A change to the grader's own tools seen by the first runners voids every later try in one
+    re-check (``outcome``'s ``machinery``). Made later, the tries are given that word too: the
+    first runners' flags keep their mark until ``more_tries`` has judged its runners with it,
+    and come out of it as those of one re-check made at once."""
+    from firstprinciples.grading import sandbox
+
+    nb = _executed()
+    for cell in nb.cells:
+        if nbgrader_meta(cell).get("grade_id") == "softmax":
+            cell.source = ("import firstprinciples.grading.wire as _w\n"
+                           "_w.scalar = _w.scalar.__class__(_w.scalar.__code__, _w.scalar.__globals__)\n"
+                           + cell.source)
+    command, sources = sandbox.recheck_command(False), trusted.course_sources(SOFTMAX)
+    plan = trusted.make_plan(nb, 0, sources)
+    first = trusted.recheck(plan, command, trusted.Limits(), second=False)
+    assert first[1] and all(f.startswith("!") for f in first[1]), first[1]
+    later = trusted.more_tries(plan, command, first, trusted.Limits())
+    at_once = trusted.recheck(trusted.make_plan(nb, 0, sources), command, trusted.Limits())
+    assert later[1] == at_once[1] and not any(f.startswith("!") for f in later[1])
+    assert later[0]["softmax"].overall == at_once[0]["softmax"].overall
+    assert "grader's own tools were changed" in later[0]["softmax"].overall

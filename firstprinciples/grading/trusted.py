@@ -308,9 +308,10 @@ def recheck(plan: Plan, command: list, limits: Limits | None = None, cancel=None
     piece that hung) gets a runner of its own with only its own dependencies, so one
     piece's fault costs only that piece. A piece that was missing or raised gets one more
     try with every non-test cell loaded, the better verdict standing, when a point still
-    depends on it (``second_tries``; ``second=False``: not now, the caller makes them later).
-    ``cancel``: as in ``run_runner`` (a cancelled re-check's outcomes are incomplete: only for
-    throwing away).
+    depends on it (``second_tries``; ``second=False``: not now, the caller makes them later with
+    ``more_tries``, and the flags keep the mark of a change to the grader's own tools, which those
+    tries are judged with). ``cancel``: as in ``run_runner`` (a cancelled re-check's outcomes are
+    incomplete: only for throwing away).
 
     ``states``: name -> the parameters the kernel's object ended with (``kernelstate.parse``), for
     pieces with ``rebuild``. Such a piece is first probed rebuilt from them, in a runner that loads
@@ -333,8 +334,9 @@ def recheck(plan: Plan, command: list, limits: Limits | None = None, cancel=None
     run.tried = {c.name: run.outcomes.pop(c.name) for c in from_state if c.name in run.outcomes
                  and c.name not in run.settled}
     run.runners([c for c in wanted if c.name not in plan.hung and c.name not in run.settled], False)
-    if second:
-        run.runners(second_tries(plan, wanted, run.outcomes, run.settled), True)
+    if not second:
+        return run.result(wanted, marked=True)
+    run.runners(second_tries(plan, wanted, run.outcomes, run.settled), True)
     return run.result(wanted)
 
 
@@ -361,7 +363,8 @@ def more_tries(plan: Plan, command: list, found: tuple, limits: Limits | None = 
                only=None) -> tuple[dict, list]:
     """``found`` (outcomes, flags) of a ``recheck(..., second=False)`` of ``only`` (None: every piece),
     with the second tries it left made now, as ``recheck`` would have made them with ``plan.nb``
-    executed: the same runners, in the same order, so the same outcomes."""
+    executed: the same runners, in the same order, judged with the same flags (a change to the
+    grader's own tools that its first runners saw voids these tries too), so the same outcomes."""
     run = _Recheck(plan, command, limits, cancel, None)
     run.outcomes, run.flags = dict(found[0]), list(found[1])
     wanted = [c for c in plan.checks if only is None or c.name in only]
@@ -428,14 +431,15 @@ class _Recheck:
                 self.outcomes.setdefault(check.name, Outcome("the re-check ended before it reported this piece "
                                                              "(the code it loads crashed or ended the process)"))
 
-    def result(self, wanted: list) -> tuple[dict, list]:
+    def result(self, wanted: list, marked: bool = False) -> tuple[dict, list]:
+        """(name -> Outcome, flags): the flags without their marks unless ``marked`` (for ``more_tries``)."""
         outcomes, plan = self.outcomes, self.plan
         for check in wanted:
             outcomes.setdefault(check.name, Outcome("the re-check of this notebook ran out of time"))
             if check.name in self.tried and _failing(plan, check, self.tried[check.name]) < _failing(
                     plan, check, outcomes[check.name]):
                 outcomes[check.name] = self.tried[check.name]
-        return outcomes, sorted(set(f.lstrip("!") for f in self.flags))
+        return outcomes, sorted(set(self.flags if marked else (f.lstrip("!") for f in self.flags)))
 
 
 def _failing(plan: Plan, check: Check, found: Outcome) -> int:
