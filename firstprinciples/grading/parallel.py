@@ -570,6 +570,9 @@ class ParallelAutograde(Autograde):
             for pump in pumps:
                 pump.join(timeout=10)
             self._reap_templates(templates or WarmTemplate.hand_over())
+            # What a stopped worker's sandboxes left running (one it was still setting up: see
+            # sandbox.sweep_cgroups) goes now, not at the next grader's first sandbox.
+            sweep_cgroups()
 
         failed = [w for w, code in enumerate(codes) if code != 0]
         if not failed:

@@ -35,6 +35,7 @@ import os
 import resource
 import shutil
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -84,36 +85,85 @@ def _cgroup(controller: str, name: str) -> Path | None:
 _PENDING: set = set()  # this process's groups made and not yet entered (never swept)
 
 
-def group_name(owner: int | None = None) -> str:
-    """A fresh sandbox cgroup's name, with the pid of the process that removes it when done."""
-    return f"fp-sandbox-{owner or os.getpid()}-{uuid.uuid4().hex[:12]}"
-
-
-def _owner_alive(group: Path) -> bool:
-    owner = group.name[len("fp-sandbox-"):].split("-", 1)[0]
-    if not owner.isdigit() or "-" not in group.name[len("fp-sandbox-"):]:
-        return False  # (a name without its owner: anybody's to remove once it is empty)
+def _pid_namespace() -> str:
     try:
-        os.kill(int(owner), 0)
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
+def group_name(owner: int | None = None) -> str:
+    """A fresh sandbox cgroup's name, with the pid of the process that removes it when done and
+    the PID namespace that pid is counted in (a grader in another container sees the same
+    cgroups, not the same processes: it leaves this one's groups alone)."""
+    return f"fp-sandbox-{owner or os.getpid()}-{_pid_namespace()}-{uuid.uuid4().hex[:12]}"
+
+
+def _owner(group: Path) -> str:
+    """Whose ``group`` is: "mine" (this process's), "live" (a live process's, or another PID
+    namespace's: never touched), "gone" (its owner has died), or "unknown" (a name without its
+    owner: anybody's to remove once it is empty)."""
+    parts = group.name[len("fp-sandbox-"):].split("-")
+    if len(parts) < 2 or not parts[0].isdigit():
+        return "unknown"
+    if len(parts) >= 3 and parts[1] != _pid_namespace():
+        return "live"
+    owner = int(parts[0])
+    if owner == os.getpid():
+        return "live" if group.name in _PENDING else "mine"
+    try:
+        os.kill(owner, 0)
     except ProcessLookupError:
-        return False
+        return "gone"
     except OSError:
         pass
-    return int(owner) != os.getpid() or group.name in _PENDING
+    return "live"
+
+
+def _kill_members(group: Path, rounds: int = 50) -> None:
+    """SIGKILL every process in ``group`` until it is empty (a process that forks in between is
+    found again in the next round)."""
+    import signal
+
+    for _ in range(rounds):
+        try:
+            pids = [int(x) for x in (group / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return
+        pids = [pid for pid in pids if pid > 0]
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.01)
 
 
 def sweep_cgroups() -> None:
-    """Remove the empty groups of sandboxes whose owner is gone (a killed kernel's launcher) or
-    is this process (rmdir fails on a busy one). A live owner's groups are never swept by
+    """Remove the groups of sandboxes whose owner is gone (a killed kernel's launcher, a killed
+    grader), and this process's own empty ones (rmdir fails on a busy one). What still runs
+    in a group whose owner is gone is killed first: a sandbox is meant to die with its owner
+    (bubblewrap's --die-with-parent), but one whose owner died while bubblewrap was still
+    setting it up can be left waiting for ever. A live owner's groups are never swept by
     another process: it may have made them a moment ago and not yet put a process in them."""
     for controller in ("pids", "memory"):
         for group in (CGROUP_ROOT / controller).glob("fp-sandbox-*"):
-            if _owner_alive(group):
+            owner = _owner(group)
+            if owner == "live":
                 continue
-            try:
-                group.rmdir()
-            except OSError:
-                pass
+            if owner == "gone":
+                _kill_members(group)
+            for attempt in range(5 if owner == "gone" else 1):
+                try:
+                    group.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if owner == "gone":
+                        time.sleep(0.005 * (attempt + 1))
 
 
 def make_cgroups(name: str) -> tuple[list[str], list[tuple[int, int]]]:

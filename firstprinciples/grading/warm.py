@@ -345,7 +345,10 @@ def launch(kind: str, *, sandboxed: bool, fds: list[int], argv: list[str] | None
 
     hold_r, hold_w = os.pipe()
     ready_r, ready_w = os.pipe()
-    info_r, info_w = os.pipe()
+    # Bubblewrap's info goes to a file in memory, not a pipe: its outer process writes it before it
+    # lets the sandbox's side go on, and a write to a pipe whose reader (this process) has died kills
+    # it there, leaving the other side waiting for ever. (A file takes the write whoever is gone.)
+    info_r = info_w = os.memfd_create("fp-sandbox-info", os.MFD_CLOEXEC) if sandboxed else None
     groups: list = []
     holder = None
     try:
@@ -375,9 +378,9 @@ def launch(kind: str, *, sandboxed: bool, fds: list[int], argv: list[str] | None
         holder = subprocess.Popen(cmd, stdin=hold_r, stdout=ready_w, stderr=subprocess.DEVNULL,
                                   pass_fds=[info_w] if sandboxed else [], preexec_fn=before,
                                   start_new_session=True, close_fds=True)
-        for fd in (hold_r, ready_w, info_w):
+        for fd in (hold_r, ready_w):
             os.close(fd)
-        hold_r = ready_w = info_w = None
+        hold_r = ready_w = None
         ns_pid = _read_ready(ready_r, info_r if sandboxed else None, holder)
         request = {"kind": kind, "ns_pid": ns_pid, "cgroups": groups, "env": child_env, "cwd": cwd,
                    "argv": argv or [], "rlimits": rlimits, "drop_caps": sandboxed}
@@ -391,7 +394,7 @@ def launch(kind: str, *, sandboxed: bool, fds: list[int], argv: list[str] | None
     finally:
         if groups:
             sandbox._PENDING.discard(os.path.basename(groups[0]))
-        for fd in (hold_r, hold_w, ready_w, info_w, ready_r, info_r):
+        for fd in (hold_r, hold_w, ready_w, ready_r, info_r):
             if fd is not None:
                 try:
                     os.close(fd)
@@ -592,16 +595,15 @@ def _read_ready(ready: int, info: int | None, holder) -> int | None:
         out += chunk
     if info is None:
         return None
-    text = b""
-    while True:
-        try:
-            return int(json.loads(text)["child-pid"])
-        except ValueError:
-            chunk = os.read(info, 4096) if select.select([info], [], [], max(0.0, deadline - time.monotonic()))[0] \
-                else b""
-            if not chunk:
-                raise WarmError("bubblewrap did not say where the sandbox is") from None
-            text += chunk
+    # Complete by now: bubblewrap writes it before its sandbox's side goes on to run the placeholder.
+    text, chunk = b"", b"."
+    while chunk:
+        chunk = os.pread(info, 1 << 16, len(text))
+        text += chunk
+    try:
+        return int(json.loads(text)["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        raise WarmError("bubblewrap did not say where the sandbox is") from None
 
 
 # ================================================================ the template's side
