@@ -53,7 +53,7 @@ def _kill_all(text: str) -> None:
 
 GRADER_DIES_AT_BWRAPS_START = """
 import os, signal, subprocess, sys
-from firstprinciples.grading import warm
+from firstprinciples.grading import sandbox, warm
 
 report = int(sys.argv[2])
 real = subprocess.Popen
@@ -72,6 +72,10 @@ def popen_then_die(cmd, *a, **kw):
     os.kill(os.getpid(), signal.SIGKILL)
 
 warm.subprocess.Popen = popen_then_die
+# The sandbox's groups in the test's name (alive), not this grader's: another grader's sweep
+# would otherwise kill the stopped placeholder as soon as this process is gone.
+made = sandbox.group_name
+sandbox.group_name = lambda owner=None: made(owner=os.getppid())
 null = os.open(os.devnull, os.O_RDWR)
 warm.launch("kernel", sandboxed=True, fds=[null, null, null], argv=["-c", "pass"], ro_binds=[sys.argv[1]])
 """
@@ -108,13 +112,17 @@ def _dead_pid() -> int:
 
 
 def _group_with_sleeper(name: str, marker: str) -> tuple[list[str], subprocess.Popen]:
+    """Groups ``name`` with a shell (and its sleep) in them, as a sandbox's placeholder joins
+    its groups. The groups stay this process's pending ones (never swept) until it is in them."""
     groups, _ = sandbox.make_cgroups(name)
-    sandbox._PENDING.discard(name)
     assert groups, "no cgroup could be made"
-    proc = subprocess.Popen(warm._joining(groups, os.getpid(), ["sh", "-c", f"sleep 1000; : {marker}"]), start_new_session=True, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(warm._joining(groups, os.getpid(), ["sh", "-c", f"sleep 1000; : {marker}"]),
+                            start_new_session=True, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 10
-    while not _naming(marker) and time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (
+            _naming(marker) and all((Path(g) / "cgroup.procs").read_text().strip() for g in groups)):
         time.sleep(0.02)
+    sandbox._PENDING.discard(name)
     return groups, proc
 
 
