@@ -64,8 +64,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import ctypes
-import ctypes.util
 import gc
 import glob
 import os
@@ -74,7 +72,6 @@ import shutil
 import signal
 import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import threading
@@ -95,6 +92,7 @@ from . import gradelog, sharedqueue
 from .sandbox import sweep_cgroups
 from .warm import Template as WarmTemplate
 from .warm import WarmKernelManager
+from .warm import _libc as warm_libc
 from .warm import available as warm_available
 from .warm import set_name
 
@@ -218,7 +216,7 @@ _PR_SET_PDEATHSIG = 1
 
 def _die_with(parent: int):
     """A ``preexec_fn``: the child gets SIGKILL when ``parent`` (this process) dies."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc = warm_libc()
 
     def preexec() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -609,13 +607,13 @@ class ParallelAutograde(Autograde):
 
     @staticmethod
     def _reap_templates(procs) -> None:
-        """The templates started ahead end with their workers (their sockets close): reap them."""
+        """Stop the templates started ahead and reap them, once their workers are gone. A
+        template would end by itself when its last connection closes, but only after the step
+        of its idle work it is in (``warm._serve``: up to 0.6 s of imports and compiling for
+        kernels that will never come); it runs no student code and holds nothing to save."""
         for proc in procs:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            proc.kill()
+            proc.wait()
 
     def _work(self, w: int, workers: int, shard: list, output: int, threads: str, target) -> None:
         """In a forked worker: grade ``shard`` with nbgrader's own loop, log into ``output``, exit."""

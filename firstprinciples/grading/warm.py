@@ -126,8 +126,19 @@ def available() -> bool:
     return sys.platform.startswith("linux") and hasattr(os, "fork") and not os.environ.get(COLD_ENV)
 
 
+_LIBC: list = []
+
+
 def _libc():
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    """The C library's functions (prctl), loaded once per process: the symbols this process
+    already has (``dlopen(NULL)``), not ``ctypes.util.find_library``, which runs ``ldconfig -p``
+    each time (three runs a notebook, in processes that hold torch)."""
+    if not _LIBC:
+        lib = ctypes.CDLL(None, use_errno=True)
+        if not hasattr(lib, "prctl"):  # (not Linux: nothing here calls it there)
+            lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        _LIBC.append(lib)
+    return _LIBC[0]
 
 
 # ================================================================ the grader's side
