@@ -146,6 +146,14 @@ def test_the_watch_sees_a_forbidden_call(name):
     assert seen.hits and not seen.tampered, (seen.hits, seen.tampered)
 
 
+def test_the_watch_sees_torch_work_done_in_another_thread():
+    """Not a forbidden call, but out of the watched thread (joined before the case ends, so only
+    the operators' events show it): flagged, without a hit."""
+    seen = _watch("import threading\nt = threading.Thread(target=lambda: torch.exp(x))\nt.start(); t.join()")
+    assert any("torch's operator aten::exp ran in another thread" in t for t in seen.threads), seen.threads
+    assert not seen.hits and not seen.tampered, (seen.hits, seen.tampered)
+
+
 @pytest.mark.parametrize("name", sorted(CLEAN_CALLS))
 def test_the_watch_sees_nothing_in_an_honest_call(name):
     seen = _watch(CLEAN_CALLS[name])

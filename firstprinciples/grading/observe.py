@@ -267,23 +267,30 @@ class Watch:
             seen.tampered.append("the grader's profile hook was removed or replaced while your code ran")
         if self._mode.marks != {"torch.special.entr", "torch.special.erfcx"}:
             seen.tampered.append("torch's function hooks were switched off while your code ran")
-        names = []
-        main_tid = None
-        for e in events:
-            name = e.name()
-            if name == START_OP and main_tid is None:
-                main_tid = e.start_thread_id()
-            names.append((name, e.start_thread_id()))
+        # (A case of a model's forward passes records tens of thousands of events, of a few dozen
+        # distinct operators in one thread: each name is matched once, and the events are walked
+        # one by one only when some name matched or some event ran in another thread.)
+        names = [(e.name(), e.start_thread_id()) for e in events]
         ops = [n for n, _ in names]
+        main_tid = next((tid for name, tid in names if name == START_OP), None)
         if START_OP not in ops or END_OP not in ops or ops.index(START_OP) > len(ops) - 1 - ops[::-1].index(END_OP):
             seen.tampered.append("torch's operator profiler was stopped or restarted while your code ran")
+        lowered = [p.lower() for p in self.patterns]
+        matched = {name for name in set(ops) if name not in (START_OP, END_OP)
+                   and any(p in name.lower() for p in lowered)}
+        elsewhere = main_tid is not None and any(tid != main_tid for tid in {tid for _, tid in names})
+        if not (matched or elsewhere):
+            return self._judge_threads(seen)
         for name, tid in names:
             if name in (START_OP, END_OP):
                 continue
-            if any(p.lower() in name.lower() for p in self.patterns):
+            if name in matched:
                 seen.hits.append((name, None))
             if main_tid is not None and tid != main_tid and "backward" not in name.lower():
                 seen.threads.append(f"torch's operator {name} ran in another thread")
+        self._judge_threads(seen)
+
+    def _judge_threads(self, seen) -> None:
         others = (set(_current_frames()) | self._threads_before) - {self._main} - _BASELINE_THREADS
         if others:
             seen.threads.append(f"{len(others)} other Python thread(s) were alive while your code was graded")
