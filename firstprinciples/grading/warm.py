@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import json
 import os
@@ -126,19 +127,15 @@ def available() -> bool:
     return sys.platform.startswith("linux") and hasattr(os, "fork") and not os.environ.get(COLD_ENV)
 
 
-_LIBC: list = []
-
-
+@functools.lru_cache(maxsize=None)
 def _libc():
     """The C library's functions (prctl), loaded once per process: the symbols this process
     already has (``dlopen(NULL)``), not ``ctypes.util.find_library``, which runs ``ldconfig -p``
     each time (three runs a notebook, in processes that hold torch)."""
-    if not _LIBC:
-        lib = ctypes.CDLL(None, use_errno=True)
-        if not hasattr(lib, "prctl"):  # (not Linux: nothing here calls it there)
-            lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        _LIBC.append(lib)
-    return _LIBC[0]
+    lib = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(lib, "prctl"):  # (not Linux: nothing here calls it there)
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return lib
 
 
 # ================================================================ the grader's side
