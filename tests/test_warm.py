@@ -322,6 +322,15 @@ def test_the_template_imports_on_request_only_what_the_course_lists():
 
 # Whether this process has what the template's ``_prepare_tracebacks`` leaves: the course's
 # checks parsed for IPython's tracebacks (stack_data's cache of sources).
+async def _in_a_new_kernel(code: str) -> str:
+    """What ``code`` prints in a kernel of its own, started and stopped here."""
+    k = await Kernel("python3").start()
+    try:
+        return await k.run(code)
+    finally:
+        await k.stop()
+
+
 PREPARED = ("import sys; s = sys.modules.get('stack_data'); "
             "print(s is not None and any(k[0].endswith('checks/_core.py') "
             "for k in s.Source.__dict__.get('__source_cache_with_lines', {})))")
@@ -420,26 +429,22 @@ def test_a_kernel_asked_for_at_once_does_not_wait_for_what_only_later_children_n
         finally:
             await k.stop()
 
-    async def later(code=probe):
-        k = await Kernel("python3").start()
-        try:
-            return await k.run(code)
-        finally:
-            await k.stop()
+    def later(code=probe):
+        return asyncio.run(_in_a_new_kernel(code))
 
     try:
         before, grad, after_backward = asyncio.run(first())
-        without_runner = [asyncio.run(later()) for _ in range(3)]  # (the template idle in between)
+        without_runner = [later() for _ in range(3)]  # (the template idle in between)
         trusted._kill(warm.Runner(sandbox.recheck_command(False), False)())  # a runner: forked, then stopped
         deadline = time.monotonic() + 60
-        seen = asyncio.run(later())
+        seen = later()
         while seen != "True" and time.monotonic() < deadline:
             time.sleep(0.2)
-            seen = asyncio.run(later())
-        prepared = asyncio.run(later(PREPARED))  # (the step after it: _prepare_tracebacks)
+            seen = later()
+        prepared = later(PREPARED)  # (the step after it: _prepare_tracebacks)
         while prepared != "True" and time.monotonic() < deadline:
             time.sleep(0.2)
-            prepared = asyncio.run(later(PREPARED))
+            prepared = later(PREPARED)
     finally:
         template.close()
         if earlier is not None:
@@ -448,6 +453,47 @@ def test_a_kernel_asked_for_at_once_does_not_wait_for_what_only_later_children_n
     assert without_runner == ["False"] * 3
     assert seen == "True", "a kernel forked after a runner does not have it"
     assert prepared == "True", "a kernel forked after a runner does not have the traceback's caches"
+
+
+@needs_linux
+def test_the_check_commands_template_prepares_the_runner_and_nothing_for_later_children():
+    """The check command's template (``one_notebook``) serves one kernel, its service and the
+    service's runner. It prepares what a runner needs (the re-check's first snapshot, among
+    others) only once a service or a runner has been forked, so that neither the kernel asked
+    for first nor the service waits for it, and nothing that only later children would use
+    (``FIRST_BACKWARD``, the traceback's caches), which would take a core from the runner: kernels
+    forked while neither has been are without the preparation, one forked after a runner has it
+    and still has neither of the others, however long the template was idle."""
+    from firstprinciples.grading import trusted
+
+    key = (os.getpid(), False)
+    earlier = warm.Template._current.pop(key, None)
+    template = warm.Template.get(False, one_notebook=True)
+    state = (f"import sys; o = sys.modules.get('firstprinciples.grading.observe'); "
+             f"print(o is not None and o.BASELINE is not None, {warm.FIRST_BACKWARD!r} in sys.modules)")
+
+    def kernel(code):
+        return asyncio.run(_in_a_new_kernel(code))
+
+    try:
+        before = [kernel(state) for _ in range(3)]  # (the template idle in between)
+        trusted._kill(warm.Runner(sandbox.recheck_command(False), False)())  # a runner: forked, then stopped
+        deadline = time.monotonic() + 60
+        after = kernel(state)
+        while after.startswith("False") and time.monotonic() < deadline:
+            time.sleep(0.2)
+            after = kernel(state)
+        idle_until = time.monotonic() + 3  # (a grading command's template does the rest in about 1 s)
+        later = []
+        while time.monotonic() < idle_until:
+            later.append(kernel(state + "; " + PREPARED))
+    finally:
+        template.close()
+        if earlier is not None:
+            warm.Template._current[key] = earlier
+    assert before == ["False False"] * 3, "prepared for a runner before any service or runner was forked"
+    assert after == "True False", "a kernel forked after a runner does not have the runner's preparation"
+    assert set(later) == {"True False\nFalse"}, later
 
 
 @needs_linux

@@ -82,7 +82,7 @@ def _prestart() -> threading.Thread:
 
     if warm.available():
         try:
-            warm.Template.get(False)
+            warm.Template.get(False, one_notebook=True)
         except OSError:
             pass  # (the kernel then starts cold)
     # IPython, which jupyter_client imports to find the kernel's spec (0.25 s), while this process

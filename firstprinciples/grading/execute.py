@@ -163,8 +163,8 @@ class RobustExecute(Execute):
         await super().async_start_new_kernel(**kwargs)
         if self._want_service:  # forked by the template right after the kernel, it gets ready beside it
             self._want_service = False
-            # In a thread, while the first cells run: the template may be busy with what it does
-            # when idle (``warm._prepare_recheck``: 0.3 s) before it forks the service. The thread
+            # In a thread, while the first cells run: a grading command's template may be busy with
+            # what it does when idle (``warm._prepare_recheck``: 0.3 s) before it forks the service. The thread
             # only waits on the template and writes the notebook to the service, from a copy
             # made here, before any cell has run.
             nb = copy.deepcopy(self.nb)
