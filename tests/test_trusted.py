@@ -567,3 +567,49 @@ def test_second_tries_made_later_keep_the_first_runners_word_on_the_graders_tool
     assert later[1] == at_once[1] and not any(f.startswith("!") for f in later[1])
     assert later[0]["softmax"].overall == at_once[0]["softmax"].overall
     assert "grader's own tools were changed" in later[0]["softmax"].overall
+
+
+
+# A runner that reports in awkward pieces: a line before its first mark, a piece's event of
+# megabytes written a few kilobytes at a time (one line over hundreds of reads), then its last
+# events in one write, cut in two; with "twice", the piece is reported a second time there.
+CHUNKED_RUNNER = r'''
+import json, sys, time
+from firstprinciples.grading import wire
+nonce = json.loads(sys.stdin.read())["nonce"]
+mark = wire.MARK + nonce
+def line(event):
+    return ("\n" + mark + wire.dumps(event) + "\n").encode()
+out = sys.stdout.buffer
+out.write(b"something the cells printed\n" + line({"event": "loaded", "errors": [], "changes": []}))
+out.flush()
+big = line({"event": "piece", "name": "softmax", "results": [{"payload": "0123456789" * 300_000}]})
+for i in range(0, len(big), 4096):
+    out.write(big[i:i + 4096])
+    out.flush()
+    if i % (64 * 4096) == 0:
+        time.sleep(0.01)  # (so that the grader reads it in many pieces)
+last = (line({"event": "piece", "name": "softmax", "results": []}) if sys.argv[1] == "twice" else b"") + line({"event": "done"})
+out.write(last[:7])
+out.flush()
+time.sleep(0.05)
+out.write(last[7:])
+out.flush()
+'''
+
+
+@pytest.mark.parametrize("reports", ["once", "twice"])
+def test_a_report_read_in_many_pieces_is_read_whole(reports):
+    """The grader reads a runner's report as it comes: a line of megabytes over hundreds of reads
+    is put together once (not joined and split again at each read) and taken whole, lines that
+    share a read are each taken, and a piece reported twice is still refused."""
+    import time
+
+    check = trusted.Check("softmax", probes.load()["softmax"], [])
+    loaded, results = trusted.run_runner([sys.executable, "-c", CHUNKED_RUNNER, reports], [], [check],
+                                         trusted.Limits(), time.monotonic() + 120)
+    assert loaded.get("event") == "loaded"
+    if reports == "twice":
+        assert results["softmax"] == "the re-check reported this piece twice (its report was forged)"
+    else:
+        assert results["softmax"]["results"] == [{"payload": "0123456789" * 300_000}]

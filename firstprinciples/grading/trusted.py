@@ -210,7 +210,7 @@ def run_runner(command: list, cells: list, checks: list, limits: Limits, deadlin
             pass
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
-        buf, size = b"", 0
+        parts, size = [], 0  # what was read since the last whole line (joined only once a line ends)
         step_started, phase_limit = time.monotonic(), limits.load
         done = False
         while not done and not (cancel is not None and cancel.is_set()):
@@ -235,8 +235,11 @@ def run_runner(command: list, cells: list, checks: list, limits: Limits, deadlin
                 for n in pending:
                     results[n] = "the re-check's report was larger than the grader accepts"
                 break
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
+            parts.append(chunk)
+            lines = []
+            if b"\n" in chunk:  # (a report of megabytes comes in many reads: joined and split once, not at each)
+                *lines, rest = b"".join(parts).split(b"\n")
+                parts = [rest]
             for raw in lines:
                 line = raw.decode("utf-8", "replace")
                 if not line.startswith(prefix):
