@@ -1,4 +1,5 @@
 """The students' check command: run a saved notebook as the grader will, report per test."""
+import os
 import re
 import subprocess
 import sys
@@ -32,6 +33,18 @@ def run_check(path):
                           capture_output=True, text=True, timeout=600)
 
 
+def with_test_cell(path, index: int, grade_id: str, source: str, folder) -> Path:
+    """A copy of notebook ``path`` (in ``folder``) with a graded test cell of one point inserted at ``index``."""
+    nb = nbformat.read(path, as_version=4)
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata["nbgrader"] = {"grade": True, "grade_id": grade_id, "points": 1, "solution": False,
+                                 "locked": True, "schema_version": 3}
+    nb.cells.insert(index, cell)
+    out = Path(folder) / f"{grade_id}.ipynb"
+    nbformat.write(nb, out)
+    return out
+
+
 @pytest.fixture(scope="module")
 def notebooks(tmp_path_factory):
     folder = tmp_path_factory.mktemp("student")
@@ -60,16 +73,23 @@ def test_correct_notebook_passes_everything(notebooks):
 def test_the_kernel_is_forked_from_the_warm_template(notebooks, tmp_path):
     """The check's kernel starts with torch already imported (it is forked from the template,
     as the grader's are), and says nothing of its own on the console."""
-    nb = nbformat.read(notebooks["correct"], as_version=4)
-    probe = nbformat.v4.new_code_cell('import sys\nassert "torch" in sys.modules, "a cold kernel"')
-    probe.metadata["nbgrader"] = {"grade": True, "grade_id": "started_warm", "points": 1, "solution": False,
-                                  "locked": True, "schema_version": 3}
-    nb.cells.insert(0, probe)
-    path = tmp_path / "warm.ipynb"
-    nbformat.write(nb, path)
+    path = with_test_cell(notebooks["correct"], 0, "started_warm",
+                          'import sys\nassert "torch" in sys.modules, "a cold kernel"', tmp_path)
     proc = run_check(path)
     assert "pass  started_warm" in proc.stdout, proc.stdout
     assert "Ctrl-C" not in proc.stdout and "connect another client" not in proc.stdout, proc.stdout
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: torch has one thread anyway")
+def test_the_kernel_computes_with_one_thread_as_the_graders_do(notebooks, tmp_path):
+    """The grader's kernels compute with one thread each (its default workers are at least one a
+    core); so do the check's, whatever the student's environment says, and the re-check's."""
+    path = with_test_cell(notebooks["correct"], 1, "one_thread",
+                          "import torch\nassert torch.get_num_threads() == 1, torch.get_num_threads()", tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    proc = subprocess.run([sys.executable, "-m", "firstprinciples.grading.check", str(path)],
+                          capture_output=True, text=True, timeout=600, env={**env, "OMP_NUM_THREADS": "4"})
+    assert proc.returncode == 0 and "pass  one_thread" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_error_in_the_students_code_names_their_cell_and_line(notebooks):
