@@ -161,3 +161,34 @@ def test_reference_keeps_within_the_memory_bound():
     Q, K, V = (torch.randn(2, 512, 16) for _ in range(3))
     _, sizes = C.measured_call(correct, Q, K, V, 32, True)
     assert sizes.largest <= C.allowed_elements(Q, K, V, 32) < 2 * 512 * 512 / 8
+
+
+MEASURE_IN_A_FRESH_PROCESS = """
+import sys, torch
+from firstprinciples.checks import tiled as C
+from firstprinciples import reference
+fn = reference.tiled_attention.__wrapped__
+if sys.argv[1] == "compiled":
+    fn = torch.compile(fn, backend="eager")
+Q, K, V = (torch.randn(2, 64, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+out, sizes = C.measured_call(fn, Q, K, V, 16, True)
+assert torch.allclose(out, reference.tiled_attention(Q, K, V, 16, True))
+print(sizes.largest, C.allowed_elements(Q, K, V, 16), "torch._dynamo" in sys.modules)
+"""
+
+
+def test_measuring_memory_needs_no_compiler_and_a_compiled_answer_is_measured_alike():
+    """The memory measure (a dispatch mode) does not import torch._dynamo (0.7-1 s in every
+    kernel, re-check and service that measures a tiled attention: torch's wrapper of a mode, kept
+    for torch.compile, imports it at the mode's first operation); an answer run through
+    torch.compile is still measured, with the same largest intermediate."""
+    import subprocess
+    import sys
+
+    got = {kind: subprocess.run([sys.executable, "-c", MEASURE_IN_A_FRESH_PROCESS, kind], capture_output=True,
+                                text=True, timeout=300) for kind in ("plain", "compiled")}
+    for kind, proc in got.items():
+        assert proc.returncode == 0, (kind, proc.stderr[-2000:])
+    plain, compiled = (got[k].stdout.split() for k in ("plain", "compiled"))
+    assert plain[2] == "False", "measuring a plain answer imported torch._dynamo"
+    assert plain[:2] == compiled[:2] and int(plain[0]) <= int(plain[1]), (plain, compiled)

@@ -51,6 +51,14 @@ class StorageSizes(TorchDispatchMode):
         super().__init__()
         self.largest, self.shape, self.op = 0, (), ""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # (torch's switch for a mode's own ``__torch_dispatch__``: when on, torch wraps it so that
+        # torch.compile skips it, and the wrapper imports torch._dynamo at its first call: 0.7-1 s
+        # in every kernel, re-check and service that measures a tiled attention. Off, a compiled
+        # answer is compiled with the mode's recording inside it and reports the same sizes.)
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
