@@ -569,7 +569,6 @@ def test_second_tries_made_later_keep_the_first_runners_word_on_the_graders_tool
     assert "grader's own tools were changed" in later[0]["softmax"].overall
 
 
-
 # A runner that reports in awkward pieces: a line before its first mark, a piece's event of
 # megabytes written a few kilobytes at a time (one line over hundreds of reads), then its last
 # events in one write, cut in two; with "twice", the piece is reported a second time there.
@@ -601,8 +600,9 @@ out.flush()
 @pytest.mark.parametrize("reports", ["once", "twice"])
 def test_a_report_read_in_many_pieces_is_read_whole(reports):
     """The grader reads a runner's report as it comes: a line of megabytes over hundreds of reads
-    is put together once (not joined and split again at each read) and taken whole, lines that
-    share a read are each taken, and a piece reported twice is still refused."""
+    is taken whole, lines that share a read are each taken (the last one cut across two reads),
+    and a piece reported twice is still refused. (That the pieces are joined once, not at every
+    read, is a matter of time, measured by the check command's timeline: README.)"""
     import time
 
     check = trusted.Check("softmax", probes.load()["softmax"], [])

@@ -147,7 +147,7 @@ def check(path: Path, timeout: int = 120, imported: threading.Thread | None = No
     try:
         # (named here: nbgrader's Execute passes jupyter_client's own manager to its base class,
         # which outranks any default of a subclass)
-        # Its kernel is stopped at once once its cells are done, as the grader's are
+        # The kernel is stopped at once when its cells are done, as the grader's are
         # (``shutdown_kernel``; nbgrader_config.py): asked to shut down, ipykernel 7 could close its
         # output's sockets while its control thread still flushed to them, and said so on the
         # student's terminal ("Socket operation on non-socket").

@@ -39,8 +39,8 @@ first snapshot starts from), then, once a re-check's runner has been forked, wha
 own code imports at its first call (``FIRST_BACKWARD``) and what IPython's first traceback in a
 kernel reads and compiles (``_prepare_tracebacks``: most of a failing notebook's first traceback,
 0.2 s). A service may also ask it to import a module of ``LAZY`` (torch._dynamo,
-which tiled attention's and the capstone's first calls import: 0.9-1.3 s in every kernel and
-runner of theirs) once a re-check of its needed it: the template imports it between two
+which the capstone's optimizer imports at its first step: 0.9-1.3 s in every kernel and
+runner that needs it) once a re-check of its needed it: the template imports it between two
 requests and forks nothing for it, and every child forked after has it. The check command's
 template (``one_notebook``) serves one kernel, one service and its runner: it does only the
 first of those steps, once the service is forked, and none that only later children would use
