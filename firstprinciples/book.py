@@ -21,6 +21,13 @@
   that header: an empty grey bar on screen, and an ``empty-table-header``
   failure for screen readers.
 
+- The kernels that run the chapters write their own log (ipykernel's start-up warning
+  "Kernel is running over TCP without encryption", once a chapter, and the rare shutdown race
+  "Socket operation on non-socket") to ``kernels.log`` beside the build's doctrees, not into
+  the build's log, where they buried what a reader needs (a cell's error still reaches the
+  page and the build's log through nbclient). A kernel spec for this interpreter that does so
+  is written into the build folder and put first on ``JUPYTER_PATH`` for the build.
+
 - Launch buttons (Binder, Colab, JupyterHub) open notebooks: on a chapter, whose source is
   a Markdown notebook that Colab cannot open, they open the chapter's exercise notebook
   (the first ``exercises/...`` the chapter links to) and say so; a page with no exercise
@@ -205,11 +212,33 @@ def launch_exercises(app, pagename, templatename, context, doctree):
     group["tooltip"] = "Open this chapter's exercise notebook"
 
 
+# The kernel's own stderr (not its cells' output, which goes to the notebook) appended to a file.
+_KERNEL_MAIN = ("import os, sys; fd = os.open(sys.argv.pop(1), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600); "
+                "os.dup2(fd, 2); from ipykernel.kernelapp import launch_new_instance; launch_new_instance()")
+
+
+def quiet_kernels(app, config):
+    """Run the chapters in this interpreter's ``python3`` kernel, its own log kept in a file."""
+    import json
+    import sys
+
+    home = Path(app.doctreedir).parent / "kernelspec"
+    spec = home / "kernels" / "python3"
+    spec.mkdir(parents=True, exist_ok=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-c", _KERNEL_MAIN, str(home / "kernels.log"), "-f", "{connection_file}"],
+        "display_name": "Python 3 (the book's build)", "language": "python",
+    }, indent=1))
+    paths = [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p and p != str(home)]
+    os.environ["JUPYTER_PATH"] = os.pathsep.join([str(home), *paths])
+
+
 def setup(app):
     # Before Sphinx's download collector (priority 500) so that it registers the file.
     app.connect("doctree-read", add_local_work_box, priority=400)
     app.connect("doctree-read", drop_empty_table_headers)
     app.connect("config-inited", add_static)
+    app.connect("config-inited", quiet_kernels)
     app.add_css_file("book.css")
     app.connect("html-page-context", dedupe_scripts, priority=900)
     app.connect("html-page-context", accessible_markup)

@@ -979,7 +979,18 @@ def _prepare_tracebacks() -> None:
     try:
         raise RuntimeError("a traceback formatted once, for its caches")
     except RuntimeError:
-        ultratb.AutoFormattedTB(mode="Context", color_scheme="Neutral").structured_traceback(*sys.exc_info())
+        _kernel_formatter(ultratb, interactiveshell).structured_traceback(*sys.exc_info())
+
+
+def _kernel_formatter(ultratb, interactiveshell):
+    """IPython's traceback formatter as a kernel's shell makes it, in its default colours. The
+    pinned IPython (constraints.txt: 9.x) takes ``theme_name`` (lower case, "neutral"); IPython 8
+    took ``color_scheme`` ("Neutral"): both are supported."""
+    colours = interactiveshell.InteractiveShell.colors.default_value
+    try:
+        return ultratb.AutoFormattedTB(mode="Context", theme_name=colours)
+    except TypeError:  # IPython 8
+        return ultratb.AutoFormattedTB(mode="Context", color_scheme=colours)
 
 
 def _prepare_recheck() -> None:
