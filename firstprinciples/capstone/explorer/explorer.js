@@ -352,6 +352,7 @@
     var matrixTitle = el("h3", { className: "fp-section-title" });
     var matrixBox = el("div", { className: "fp-matrix-box", tabindex: "0", role: "region", "aria-label": "Attention matrix of the chosen head (scrolls sideways)" });
     var readout = el("p", { className: "fp-readout" });
+    var matrixHint = el("p", { className: "fp-help fp-scroll-hint", hidden: true, text: "\u2194 The matrix is wider than the screen: scroll it sideways to see every column." });
     var summary = el("p", { className: "fp-summary", "aria-live": "polite" });
     var grid = el("div", { className: "fp-grid" });
     var results = el("div", { className: "fp-results" }, [
@@ -366,7 +367,7 @@
         matrixTitle,
         el("p", { className: "fp-help", text: "Row: the token that attends (the query); column: the token attended to (the key). " +
           "The darker the cell, the larger the weight; point at a cell (or read the table above each layer) for its number. Click a row to choose that token." }),
-        matrixBox,
+        matrixBox, matrixHint,
         el("p", { className: "fp-legend", "aria-hidden": "true" }, [
           "weight 0", el("span", { className: "fp-legend-bar" }), "1", el("span", { className: "fp-legend-masked" }), "masked",
         ]),
@@ -623,10 +624,16 @@
         if (cell) readout.textContent = cell.getAttribute("title");
       });
       matrixBox.appendChild(table);
+      showScrollHint();
       var best = 0;
       for (var j = 1; j <= i; j++) if (A[i][j] > A[i][best]) best = j;
       readout.textContent = "Row " + quote(words[i]) + " (the chosen token): its largest weight, " + fmt(A[i][best], 3) + ", is on " + quote(words[best]) + ".";
     }
+
+    function showScrollHint() {
+      matrixHint.hidden = !(matrixBox.scrollWidth > matrixBox.clientWidth + 1);
+    }
+    if (typeof window !== "undefined" && window.addEventListener) window.addEventListener("resize", showScrollHint);
 
     function drawHeads() {
       var i = state.query, words = state.words;
