@@ -531,7 +531,7 @@
         itNote.setAttribute("data-kind", "before-adjective");
         itNote.setAttribute("data-head", best.l + "." + best.h);
         itNote.textContent = "This \u201cit\u201d comes before the adjective. The causal mask hides every later word, so each head's weights here " +
-          "are exactly the same whichever adjective follows (tired or wide, the numbers do not change). The strongest pull towards a noun is head " +
+          "are exactly the same whichever adjective follows: change it, and not one number here moves. The strongest pull towards a noun is head " +
           best.l + "." + best.h + "'s: " + fmt(best.w, 3) + " on " + quote(words[best.k]) + ". That is a fixed preference, not resolution: over the " + n +
           " held-out sentences, at this first \u201cit\u201d head " + best.l + "." + best.h + " favours the noun named first in " + pct(habit) +
           " of them, and the right noun in " + pct(right) + " (no head does better than " + pct(maxRight) + ", a coin toss). Choose the final \u201cit\u201d to see the heads that follow the adjective.";
