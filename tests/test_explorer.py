@@ -5,11 +5,20 @@
 - Parity: the JavaScript forward pass (explorer.js), run in headless Chromium on
   a blank page served from 127.0.0.1, gives the same attention weights and
   logits as the Python model on training and held-out sentences.
+- Free text: export.py's tokenizer splits the corpus's sentences as Vocab.split
+  does, and the JavaScript tokenizer gives the same tokens as the Python one on
+  sentences with punctuation, contractions and unknown words.
 - The page: a minimal book (the intro and the explorer page, built with the
-  repository's _config.yml and the explorer extension) opened in Chromium: a
-  typed sentence, a click on "it", and the weights read back from the page equal
-  the Python model's; the "Cat sat mat" numbers are right; an unknown word is
-  reported; the keyboard works; no console error and no request to another host.
+  repository's _config.yml and the explorer extension, its cells executed) opened
+  in Chromium: a typed sentence, a click on "it", and the weights read back from
+  the page equal the Python model's; the seed's sentence ("didn't", a comma) and
+  "the cat sat on the mat" are read, their unknown words shown and skipped; the
+  chosen head's matrix has T x T cells equal to the Python weights; the all-heads
+  view has n_layers x n_heads panels and a click chooses that head; editing the
+  worked example's query and a key gives torch's numbers; the first "it" is
+  explained (a note in the page and the chapter's glued text); the keyboard
+  works; at 390 px the page does not scroll sideways; no console error and no
+  request to another host.
 
 Tolerance (1e-5, absolute, as the issue asks): both sides start from the same
 float32 weights (the JavaScript restores them exactly) and compute in float64,
