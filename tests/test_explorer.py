@@ -5,11 +5,20 @@
 - Parity: the JavaScript forward pass (explorer.js), run in headless Chromium on
   a blank page served from 127.0.0.1, gives the same attention weights and
   logits as the Python model on training and held-out sentences.
+- Free text: export.py's tokenizer splits the corpus's sentences as Vocab.split
+  does, and the JavaScript tokenizer gives the same tokens as the Python one on
+  sentences with punctuation, contractions and unknown words.
 - The page: a minimal book (the intro and the explorer page, built with the
-  repository's _config.yml and the explorer extension) opened in Chromium: a
-  typed sentence, a click on "it", and the weights read back from the page equal
-  the Python model's; the "Cat sat mat" numbers are right; an unknown word is
-  reported; the keyboard works; no console error and no request to another host.
+  repository's _config.yml and the explorer extension, its cells executed) opened
+  in Chromium: a typed sentence, a click on "it", and the weights read back from
+  the page equal the Python model's; the seed's sentence ("didn't", a comma) and
+  "the cat sat on the mat" are read, their unknown words shown and skipped; the
+  chosen head's matrix has T x T cells equal to the Python weights; the all-heads
+  view has n_layers x n_heads panels and a click chooses that head; editing the
+  worked example's query and a key gives torch's numbers; the first "it" is
+  explained (a note in the page and the chapter's glued text); the keyboard
+  works; at 390 px the page does not scroll sideways; no console error and no
+  request to another host.
 
 Tolerance (1e-5, absolute, as the issue asks): both sides start from the same
 float32 weights (the JavaScript restores them exactly) and compute in float64,
@@ -47,7 +56,8 @@ import yaml
 from course import ROOT
 from firstprinciples import examples as worked
 from firstprinciples.capstone.corpus import HELD_OUT_PAIRS, make_corpus, make_example
-from firstprinciples.capstone.export import ASSETS, GLOBAL_NAME, explorer_data, explorer_model, write_explorer_assets
+from firstprinciples.capstone.export import (ASSETS, GLOBAL_NAME, encode_free_text, explorer_data, explorer_model,
+                                             first_it_heads, split_free_text, write_explorer_assets)
 
 TOL = 1e-5
 EXPLORER_JS = Path(os.environ.get("FP_EXPLORER_JS", ASSETS / "explorer.js"))
@@ -254,12 +264,42 @@ def test_js_erf_and_gelu(js_page):
     assert (torch.tensor(gelu, dtype=torch.float64) - expected).abs().max().item() < 1e-14
 
 
-def test_js_tokenizer_matches_the_vocabulary(js_page, data, corpus):
+# Free text: punctuation, contractions (straight and curly apostrophes), unknown words,
+# characters outside ASCII, text that looks like a special token.
+SEED_SENTENCE = "The animal didn't cross the street, because it was too tired."
+FREE_TEXT = [
+    SEED_SENTENCE,
+    "The cat sat on the mat.",
+    "It\u2019s a well-known fact: \"cats\" can't fly!!! Cannot...",
+    "the dog couldn\u2019t reach the river; it wasn't too wide -- was it?",
+    "<bos> the <eos>",
+    "caf\u00e9 3.5 o'clock (the road) \u2026 \u201cquoted\u201d",
+    "   ",
+]
+
+
+def test_free_text_splits_as_the_corpus_is_written(corpus):
     vocab = corpus.vocab
+    for ex in corpus.train[:50] + corpus.held_out[:50]:
+        assert split_free_text(ex.sentence) == vocab.split(ex.sentence)
+    assert split_free_text(SEED_SENTENCE) == ["the", "animal", "did", "not", "cross", "the", "street", ",",
+                                              "because", "it", "was", "too", "tired", "."]
+    assert split_free_text("It\u2019s can't cannot wasn't") == ["it", "'s", "can", "not", "can", "not", "was", "not"]
+    enc = encode_free_text(vocab, "The cat sat on the mat.")
+    assert enc["words"] == ["<bos>", "the", "cat", "the", "."] and enc["unknown"] == ["sat", "on", "mat"]
+    assert [p["position"] for p in enc["pieces"]] == [1, 2, None, None, 3, None, 4]
+    assert encode_free_text(vocab, "<bos> the <eos>")["words"] == ["<bos>", "the"]  # specials cannot be typed
+
+
+def test_js_tokenizer_matches_python(js_page, data, corpus):
+    vocab = corpus.vocab
+    tokenize = "(s) => FirstPrinciplesExplorer.tokenize(window.model, s)"
     for ex in data["examples"] + [{"sentence": "The dog did not CROSS the road because it was too tired."}]:
-        out = js_page.evaluate("(s) => FirstPrinciplesExplorer.tokenize(window.model, s)", ex["sentence"])
+        out = js_page.evaluate(tokenize, ex["sentence"])
         assert out["ids"] == vocab.encode(ex["sentence"], bos=True) and out["unknown"] == []
-    out = js_page.evaluate("(s) => FirstPrinciplesExplorer.tokenize(window.model, s)", "the unicorn crossed the moon")
+    for text in FREE_TEXT:
+        assert js_page.evaluate(tokenize, text) == encode_free_text(vocab, text), text
+    out = js_page.evaluate(tokenize, "the unicorn crossed the moon")
     assert out["unknown"] == ["unicorn", "moon"]
 
 
@@ -284,7 +324,8 @@ def test_js_attention_on_cat_sat_mat(js_page):
 @pytest.fixture(scope="module")
 def book(tmp_path_factory):
     """intro + chapters/explorer, built with the repository's _config.yml plus the
-    extension, code cells not executed (the explorer needs no kernel)."""
+    extension; the chapter's cells run (its prose glues numbers they compute), with an
+    execution cache of its own."""
     src = tmp_path_factory.mktemp("explorer_book")
     (src / "chapters" / "images").mkdir(parents=True)
     shutil.copyfile(ROOT / "intro.md", src / "intro.md")
@@ -294,7 +335,8 @@ def book(tmp_path_factory):
     extensions = config.setdefault("sphinx", {}).setdefault("extra_extensions", [])
     if EXTENSION not in extensions:
         extensions.append(EXTENSION)
-    config["execute"]["execute_notebooks"] = "off"
+    config["execute"]["execute_notebooks"] = "cache"
+    config["execute"]["cache"] = str(src / "_build" / ".jupyter_cache")
     (src / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     toc = {"format": "jb-book", "root": "intro", "parts": [{"caption": "Chapters", "chapters": [{"file": "chapters/explorer"}]}]}
     (src / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False))
@@ -397,36 +439,205 @@ def _results(page):
     }""")
 
 
-def test_unknown_words_are_reported_and_no_stale_result_stays(explorer_page):
+def _type(page, text):
+    page.fill("[data-fp-explorer] input.fp-sentence", text)
+    page.press("[data-fp-explorer] input.fp-sentence", "Enter")
+
+
+def _shown_tokens(page):
+    """(the model's tokens, the unknown words shown) in the token bar, in order."""
+    return page.evaluate("""() => {
+      const bar = document.querySelector('[data-fp-explorer] .fp-tokens');
+      return [Array.from(bar.querySelectorAll('.fp-token')).map(b => b.dataset.token),
+              Array.from(bar.querySelectorAll('.fp-unknown')).map(b => b.dataset.unknown)];
+    }""")
+
+
+def test_free_text_with_punctuation_and_a_contraction(explorer_page, trained):
+    """The seed's own sentence ("didn't", a comma): the contraction is read as the corpus
+    writes it, the comma is shown and skipped, and the attention shown is the Python
+    model's on the words it knows."""
+    page, errors, _ = explorer_page
+    model, vocab = trained
+    _type(page, SEED_SENTENCE)
+    enc = encode_free_text(vocab, SEED_SENTENCE)
+    assert page.get_attribute("[data-fp-explorer]", "data-status") == "ok"
+    assert _shown_tokens(page) == [enc["words"], [","]]
+    assert page.get_attribute("[data-fp-explorer]", "data-unknown") == "1"
+    message = page.locator("[data-fp-explorer] .fp-message")
+    assert message.get_attribute("data-state") == "ok" and "\u201c,\u201d" in message.inner_text()
+    q = len(enc["words"]) - 1 - enc["words"][::-1].index("it")  # the last "it" is chosen
+    assert page.get_attribute("[data-fp-explorer]", "data-query") == str(q)
+    attentions, _ = python_forward(model, enc["ids"])
+    rows = _rows(page)
+    assert len(rows) == attentions.shape[0] * attentions.shape[1] * len(enc["ids"])
+    for r in rows:
+        assert abs(r["weight"] - attentions[r["layer"], r["head"], q, r["key"]].item()) <= TOL, r
+    # The book's "cat sat mat": three unknown words, struck through; the rest is computed.
+    _type(page, "The cat sat on the mat.")
+    assert _shown_tokens(page) == [["<bos>", "the", "cat", "the", "."], ["sat", "on", "mat"]]
+    assert page.get_attribute("[data-fp-explorer]", "data-status") == "ok" and _results(page)["rows"] > 0
+    assert not errors, errors
+
+
+def test_errors_leave_no_stale_result(explorer_page):
+    """Unknown words are not an error; an empty or too long sentence is, and then nothing of
+    the previous sentence stays on screen (it would read as this one's result)."""
     page, errors, _ = explorer_page
     _pick_example(page)
     shown = _results(page)
     assert shown["tokens"] > 0 and shown["rows"] > 0 and shown["prediction"], shown
-    page.fill("[data-fp-explorer] input.fp-sentence", "the unicorn did not cross the street because it was too tired .")
-    page.press("[data-fp-explorer] input.fp-sentence", "Enter")
-    message = page.locator("[data-fp-explorer] .fp-message")
-    assert message.get_attribute("data-state") == "error" and message.get_attribute("role") == "alert"
-    assert "unicorn" in message.inner_text() and "vocabulary" in message.inner_text()
-    assert page.get_attribute("[data-fp-explorer]", "data-status") == "unknown-words"
-    # The previous sentence's tokens, heads and prediction are gone: they would read as this one's.
-    after = _results(page)
-    assert after == {"tokens": 0, "rows": 0, "prediction": "", "summary": "", "query": None}, after
+    _type(page, "the unicorn did not cross the street because it was too tired .")
+    assert page.get_attribute("[data-fp-explorer]", "data-status") == "ok"
+    assert _shown_tokens(page)[1] == ["unicorn"]
+    assert "unicorn" in page.inner_text("[data-fp-explorer] .fp-message")
     for text, status in (("   ", "empty"), (" ".join(["the"] * 80), "too-long")):
         _pick_example(page)
         assert _results(page)["rows"] > 0
-        page.fill("[data-fp-explorer] input.fp-sentence", text)
-        page.press("[data-fp-explorer] input.fp-sentence", "Enter")
+        _type(page, text)
+        message = page.locator("[data-fp-explorer] .fp-message")
+        assert message.get_attribute("data-state") == "error" and message.get_attribute("role") == "alert"
         assert page.get_attribute("[data-fp-explorer]", "data-status") == status
-        assert _results(page)["rows"] == 0, f"stale results after a {status} error"
+        after = _results(page)
+        assert after == {"tokens": 0, "rows": 0, "prediction": "", "summary": "", "query": None}, after
+        assert page.evaluate("() => document.querySelectorAll('[data-fp-explorer] .fp-matrix td, [data-fp-explorer] .fp-mini').length") == 0
     # A valid sentence brings results back.
     _pick_example(page)
     assert _results(page)["rows"] > 0 and page.get_attribute("[data-fp-explorer]", "data-status") == "ok"
     assert not errors, errors
 
 
+MATRIX_JS = """() => {
+  const t = document.querySelector('[data-fp-explorer] table.fp-matrix');
+  return { layer: +t.dataset.layer, head: +t.dataset.head,
+           cells: Array.from(t.querySelectorAll('td.fp-cell')).map(c => [+c.dataset.query, +c.dataset.key,
+             parseFloat(c.dataset.weight), c.dataset.masked === 'true']) };
+}"""
+
+
+def _check_matrix(page, attentions, T):
+    m = page.evaluate(MATRIX_JS)
+    assert len(m["cells"]) == T * T, "one cell per (query, key)"
+    assert {(q, k) for q, k, _, _ in m["cells"]} == {(q, k) for q in range(T) for k in range(T)}
+    A = attentions[m["layer"], m["head"]]
+    for q, k, w, masked in m["cells"]:
+        assert masked == (k > q), (q, k)
+        assert abs(w - A[q, k].item()) <= TOL, f"head {m['layer']}.{m['head']} ({q}, {k}): {w} vs {A[q, k].item()}"
+    return m["layer"], m["head"]
+
+
+def test_heatmap_is_the_whole_matrix_of_the_chosen_head(explorer_page, trained, data):
+    page, errors, _ = explorer_page
+    model, vocab = trained
+    sentence = data["examples"][1]["sentence"]  # the "wide" sentence
+    _type(page, sentence)
+    ids = vocab.encode(sentence, bos=True)
+    attentions, _ = python_forward(model, ids)
+    final = torch.tensor(data["heads"]["final"])
+    assert _check_matrix(page, attentions, len(ids)) == divmod(int(final.argmax()), final.shape[1])  # head 1.2 first
+    assert not page.is_visible("[data-fp-explorer] .fp-scroll-hint"), "17 tokens fit at 1280 px: no scrolling to announce"
+    # Clicking a row of the matrix chooses that token.
+    page.click("[data-fp-explorer] table.fp-matrix th.fp-rowhead[data-query='3']")
+    assert page.get_attribute("[data-fp-explorer]", "data-query") == "3"
+    assert page.get_attribute("[data-fp-explorer] table.fp-matrix tr[data-query='3']", "class") == "fp-row-selected"
+    assert not errors, errors
+
+
+def test_all_heads_view_selects_a_head(explorer_page, trained, data):
+    page, errors, _ = explorer_page
+    model, vocab = trained
+    _pick_example(page)
+    ids = vocab.encode(data["examples"][0]["sentence"], bos=True)
+    attentions, _ = python_forward(model, ids)
+    L, H = attentions.shape[:2]
+    panels = page.eval_on_selector_all("[data-fp-explorer] .fp-overview button.fp-mini",
+                                       "bs => bs.map(b => [+b.dataset.layer, +b.dataset.head, b.getAttribute('aria-label')])")
+    assert panels == [[l, h, f"head {l}.{h}"] for l in range(L) for h in range(H)]
+    # Each panel draws its head's lower triangle: T (T + 1) / 2 cells.
+    T = len(ids)
+    cells = page.eval_on_selector_all("[data-fp-explorer] .fp-mini svg", "ss => ss.map(s => s.querySelectorAll('.fp-mini-cell').length)")
+    assert cells == [T * (T + 1) // 2] * (L * H)
+    for l, h in ((0, 1), (1, 3)):
+        page.click(f"[data-fp-explorer] button.fp-mini[data-layer='{l}'][data-head='{h}']")
+        pressed = page.eval_on_selector_all("[data-fp-explorer] button.fp-mini[aria-pressed='true']",
+                                            "bs => bs.map(b => [+b.dataset.layer, +b.dataset.head])")
+        assert pressed == [[l, h]]
+        assert _check_matrix(page, attentions, T) == (l, h)
+        assert page.inner_text("[data-fp-explorer] .fp-matrix-section h3") == f"Head {l}.{h}: the whole attention matrix"
+        marked = page.eval_on_selector_all("[data-fp-explorer] table.fp-head.fp-head-selected",
+                                           "ts => ts.map(t => [+t.dataset.layer, +t.dataset.head])")
+        assert marked == [[l, h]]
+    assert not errors, errors
+
+
+def test_first_it_is_explained(explorer_page, book, trained, data):
+    """The first "it" comes before the adjective: the page says that what a head does there
+    is a fixed preference, with the numbers of the Python model, in the note and in the text."""
+    page, errors, _ = explorer_page
+    model, vocab = trained
+    stats = first_it_heads(model, make_corpus(seed=0).held_out)
+    notes = []
+    for adjective in ("tired", "wide"):
+        ex = make_example(vocab, 0, "animal", "street", adjective)
+        _type(page, ex.sentence)
+        page.click(f"[data-fp-explorer] .fp-token[data-index='{ex.sentence_pronoun_index}']")
+        note = page.locator("[data-fp-explorer] .fp-it-note")
+        assert note.is_visible() and note.get_attribute("data-kind") == "before-adjective"
+        attentions, _ = python_forward(model, ex.ids)
+        i = ex.sentence_pronoun_index
+        W = attentions[:, :, i, [ex.referent_index, ex.distractor_index] if adjective == "tired" else [ex.distractor_index, ex.referent_index]]
+        r, noun = divmod(int(W.reshape(-1, 2).argmax()), 2)  # the strongest weight on animal or street
+        l, h = divmod(r, W.shape[1])
+        assert note.get_attribute("data-head") == f"{l}.{h}"
+        text = note.inner_text()
+        for part in (f"{W[l, h, noun].item():.3f} on \u201c{('animal', 'street')[noun]}\u201d", "fixed preference",
+                     f"in {round(stats['first_noun'][l, h].item() * 100)}%", f"right noun in {round(stats['referent'][l, h].item() * 100)}%"):
+            assert part in text, (part, text)
+        notes.append(text)
+        # The final "it" has read the adjective: a different note.
+        page.click(f"[data-fp-explorer] .fp-token[data-index='{ex.pronoun_index}']")
+        assert note.get_attribute("data-kind") == "after-adjective"
+    assert notes[0] == notes[1], "the first \"it\" cannot see the adjective: the same note in both sentences"
+    # The chapter's own explanation, with the numbers glued from its code.
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", (book / "chapters" / "explorer.html").read_text()))
+    assert "fixed preference" in text and "not resolution" in text
+    assert f"head 0.1 still puts {W[0, 1, 0].item():.3f} on animal" in text.replace(" ,", ",")
+    assert f"favours the noun named first in {stats['first_noun'][0, 1].item():.0%}" in text
+    assert not errors, errors
+
+
+def test_worked_example_can_be_edited(explorer_page):
+    """Edit the query and a key: every step is recomputed, and equals torch's."""
+    page, errors, _ = explorer_page
+    root = "[data-fp-cat-sat-mat]"
+
+    def values(step):
+        return page.eval_on_selector_all(f"{root} .fp-num[data-step='{step}']", "ns => ns.map(n => parseFloat(n.dataset.value))")
+
+    Q, K, V = worked.cat_sat_mat(torch.float64)
+    edits = {("query", 0, 0): 2.0, ("query", 0, 1): -1.0, ("key", 2, 0): 1.5}
+    for (role, row, coord), value in edits.items():
+        page.fill(f"{root} input[data-role='{role}'][data-row='{row}'][data-coord='{coord}']", str(value))
+        (Q if role == "query" else K)[row, coord] = value
+    raw = Q @ K.T
+    weights = torch.softmax(raw / math.sqrt(2), dim=-1)
+    for step, want in (("raw", raw), ("scaled", raw / math.sqrt(2)), ("weights", weights), ("output", weights @ V)):
+        got = torch.tensor(values(step), dtype=torch.float64)
+        assert torch.allclose(got, want[0], atol=1e-12, rtol=0), (step, got, want[0])
+    assert page.eval_on_selector_all(f"{root} .fp-check", "ns => ns.map(n => n.dataset.agrees)") == ["edited"] * 4
+    assert page.inner_text(f"{root} .fp-num[data-step='raw'][data-index='0']") == f"{raw[0, 0].item():.2f}"
+    # An empty input does not compute; the button brings the chapter's numbers back.
+    page.fill(f"{root} input[data-role='key'][data-row='1'][data-coord='1']", "")
+    assert page.get_attribute(root, "data-valid") == "false"
+    page.click(f"{root} button.fp-csm-reset")
+    assert values("weights") == pytest.approx(worked.WEIGHTS, abs=1e-3)
+    assert page.eval_on_selector_all(f"{root} .fp-check", "ns => ns.map(n => n.dataset.agrees)") == ["true"] * 4
+    assert not errors, errors
+
+
 def test_results_are_on_screen_when_the_page_opens(chromium, book):
-    """The example list starts folded, so the first head tables sit right below the
-    sentence box instead of below a long list."""
+    """The example list starts folded, so the results (tokens, then all heads at once)
+    sit right below the sentence box instead of below a long list."""
     server, base = _serve(book)
     page, errors, _ = _open(chromium, base, "chapters/explorer.html")
     try:
@@ -434,9 +645,9 @@ def test_results_are_on_screen_when_the_page_opens(chromium, book):
         assert page.evaluate("() => document.querySelector('[data-fp-explorer] details.fp-examples-box').open") is False
         gap = page.evaluate("""() => {
           const c = document.querySelector('[data-fp-explorer]');
-          return c.querySelector('table.fp-head').getBoundingClientRect().top - c.querySelector('input.fp-sentence').getBoundingClientRect().top;
+          return c.querySelector('.fp-overview').getBoundingClientRect().top - c.querySelector('input.fp-sentence').getBoundingClientRect().top;
         }""")
-        assert gap < 450, f"the first head table is {gap:.0f} px below the sentence box"
+        assert gap < 520, f"the all-heads view is {gap:.0f} px below the sentence box"
         assert not errors, errors
     finally:
         page.close()
@@ -458,3 +669,35 @@ def test_cat_sat_mat_numbers_on_the_page(explorer_page):
     weights = ", ".join(f"{w:.3f}" for w in worked.WEIGHTS)  # the book's figures: computed, rounded once
     assert weights == "0.380, 0.354, 0.267" and weights in checks[2][1]
     assert not errors, errors
+
+
+def test_usable_at_390_px(chromium, book, trained):
+    """On a phone the page never scrolls sideways: the all-heads view fits the screen and
+    the longest sentence's matrix scrolls inside its own box."""
+    _, vocab = trained
+    server, base = _serve(book)
+    page = chromium.new_page(viewport={"width": 390, "height": 844})
+    try:
+        page.goto(f"{base}/chapters/explorer.html", wait_until="load")
+        page.wait_for_selector("[data-fp-explorer][data-ready='true']", timeout=20000)
+        words = ("the animal did not cross the street because it was too tired . it animal . " * 3).split()[:31]
+        _type(page, " ".join(words))
+        assert page.evaluate("() => document.querySelectorAll('[data-fp-explorer] table.fp-matrix td.fp-cell').length") == 32 * 32
+        sizes = page.evaluate("""() => {
+          const box = document.querySelector('[data-fp-explorer] .fp-matrix-box');
+          const right = Math.max(...Array.from(document.querySelectorAll('[data-fp-explorer] .fp-mini, [data-fp-cat-sat-mat] input'))
+                                 .map(b => b.getBoundingClientRect().right));
+          return { page: document.documentElement.scrollWidth - document.documentElement.clientWidth,
+                   main: document.querySelector('main').scrollWidth - document.querySelector('main').clientWidth,
+                   box: box.scrollWidth - box.clientWidth, overflow: getComputedStyle(box).overflowX, right: right,
+                   width: document.documentElement.clientWidth };
+        }""")
+        assert sizes["page"] <= 0 and sizes["main"] <= 1, sizes
+        assert sizes["box"] > 0 and sizes["overflow"] == "auto", sizes  # the matrix scrolls in its box
+        assert page.is_visible("[data-fp-explorer] .fp-scroll-hint"), "no sign that the matrix scrolls"
+        assert sizes["right"] <= sizes["width"], sizes
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / "explorer_390.png"), full_page=True)
+    finally:
+        page.close()
+        server.shutdown()

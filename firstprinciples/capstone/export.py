@@ -6,6 +6,14 @@
 - ``explorer_data(...)``: that dict plus what the page shows besides the model:
   example sentences of the corpus (training and held out) and the "Cat sat mat"
   numbers of ``firstprinciples.examples``.
+- ``split_free_text(text)`` / ``encode_free_text(vocab, text)``: the page's
+  tokenizer for free text, in Python (``explorer.js`` has the same rules; a
+  test runs both on the same sentences). It splits punctuation and
+  contractions as the corpus writes them ("didn't" is "did not"), and a word
+  the model does not know is kept for display but skipped: the model has no
+  unknown-word token.
+- ``first_it_heads(model, examples)``: what each head does at the "it" inside
+  the sentence (before the adjective), over a set of corpus sentences.
 - ``write_explorer_assets(outdir)``: writes ``explorer.js``, ``explorer.css``,
   ``model.json`` and ``model.js`` (the same JSON, assigned to
   ``window.FP_EXPLORER_DATA`` so that a page opened from disk can load it with a
@@ -19,7 +27,9 @@ tensors are written with Python's ``repr``, which is exact.
 """
 from __future__ import annotations
 
+import copy
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -28,12 +38,62 @@ import torch
 from torch import nn
 
 from .. import examples as worked
-from .corpus import ANIMATE, Vocab, make_corpus, make_example
+from .corpus import ANIMATE, ANIMATE_ADJECTIVES, INANIMATE, INANIMATE_ADJECTIVES, Vocab, make_corpus, make_example
 from .model import WEIGHTS, TinyGPT, load_trained
+from .train import batch_tensor
 
 ASSETS = Path(__file__).with_name("explorer")  # explorer.js and explorer.css, shipped with the package
 FORMAT = "firstprinciples-tinygpt/1"
 GLOBAL_NAME = "FP_EXPLORER_DATA"
+
+# ---------------------------------------------------------------- free text
+# Punctuation: every one of these characters is a token of its own, except an
+# apostrophe or a hyphen between two letters ("didn't", "well-known").
+PUNCTUATION = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~\u00a1\u00ab\u00bb\u00bf\u2013\u2014\u201c\u201d\u2026"
+_P = re.escape(PUNCTUATION)
+_PIECE = re.compile(f"[^\\s{_P}]+(?:['-][^\\s{_P}]+)*|[{_P}]")
+CLITICS = ("s", "re", "ve", "ll", "d", "m")  # it's -> it 's, we're -> we 're, ...
+NOT_STEMS = {"ca": "can", "wo": "will", "sha": "shall"}  # can't -> can not, won't -> will not
+
+
+def split_free_text(text):
+    """Free text -> the words of the corpus's spelling, in order.
+
+    Lower case; curly apostrophes read as "'"; every punctuation mark its own
+    token; "n't" is "not", as the corpus writes it ("didn't" -> "did", "not";
+    "can't" -> "can", "not"; "cannot" -> "can", "not"); other clitics are split
+    off ("it's" -> "it", "'s"). For the corpus's own sentences this is
+    ``Vocab.split``.
+    """
+    text = str(text).lower().replace("\u2019", "'").replace("\u2018", "'")
+    words = []
+    for w in _PIECE.findall(text):
+        if w == "cannot":
+            words += ["can", "not"]
+        elif len(w) > 3 and w.endswith("n't"):
+            stem = w[:-3]
+            words += [NOT_STEMS.get(stem, stem), "not"]
+        elif "'" in w and w.rsplit("'", 1)[1] in CLITICS:
+            stem, clitic = w.rsplit("'", 1)
+            words += [stem, "'" + clitic]
+        else:
+            words.append(w)
+    return words
+
+
+def encode_free_text(vocab, text, bos=True):
+    """What the page does with typed text: {"pieces": every word of ``split_free_text`` with
+    "known" and, if known, its "position" in the model's input; "words" and "ids": the model's
+    input (``<bos>`` first, unknown words left out); "unknown": the unknown words, once each}."""
+    pieces, words, unknown = [], ["<bos>"] if bos else [], []
+    for w in split_free_text(text):
+        known = w in vocab.tokens and not w.startswith("<")
+        pieces.append({"text": w, "known": known, "position": len(words) if known else None})
+        if known:
+            words.append(w)
+        elif w not in unknown:
+            unknown.append(w)
+    return {"pieces": pieces, "words": words, "ids": [vocab.id(w) for w in words], "unknown": unknown}
 
 
 def _flat(t):
@@ -91,7 +151,8 @@ def export_model(model, vocab):
     for name, t in model.state_dict().items():
         dtype, data = _flat(t)
         params[name] = {"shape": list(t.shape), "dtype": dtype, "data": data}
-    return {"format": FORMAT, "config": config, "vocab": list(vocab.tokens), "params": params}
+    tokenizer = {"punctuation": PUNCTUATION, "clitics": list(CLITICS), "not_stems": NOT_STEMS}
+    return {"format": FORMAT, "config": config, "vocab": list(vocab.tokens), "tokenizer": tokenizer, "params": params}
 
 
 def _untrained_model(vocab, seed=0):
@@ -127,6 +188,47 @@ def example_sentences(vocab, per_split=4, seed=0):
          "distractor_index": ex.distractor_index}
         for split, ex in picked
     ]
+
+
+@torch.no_grad()
+def first_it_heads(model, examples):
+    """What each head does at the "it" inside the sentence, which comes before the adjective.
+
+    For every example, the weights from that "it" (``sentence_pronoun_index``) to the
+    two nouns, per layer and head. Returns a dict of (n_layers, n_heads) float64 tensors,
+    each the fraction of examples in which the head gives more weight to: ``referent``,
+    the right noun rather than the other; ``first_noun``, the noun named first rather
+    than the second; ``animate``, the living thing rather than the place. Also ``final``:
+    ``referent`` at the final "it" (the recap, after the adjective), for comparison, and
+    ``n``: the number of examples.
+    """
+    m64 = copy.deepcopy(model).double().eval()
+    ids = batch_tensor(examples)
+    attentions = torch.stack([a for a in m64(ids)[1]], 1)  # (N, n_layers, n_heads, T, T)
+    rows = torch.arange(len(examples))
+
+    def share(query, a_pos, b_pos):
+        q, a, b = (torch.tensor(v) for v in (query, a_pos, b_pos))
+        return (attentions[rows, :, :, q, a] > attentions[rows, :, :, q, b]).double().mean(0)
+
+    first = [ex.sentence_pronoun_index for ex in examples]
+    ref = [ex.referent_index for ex in examples]
+    dis = [ex.distractor_index for ex in examples]
+    animate = [r if ex.referent in ANIMATE else d for ex, r, d in zip(examples, ref, dis)]
+    place = [d if ex.referent in ANIMATE else r for ex, r, d in zip(examples, ref, dis)]
+    return {
+        "referent": share(first, ref, dis),
+        "first_noun": share(first, [min(r, d) for r, d in zip(ref, dis)], [max(r, d) for r, d in zip(ref, dis)]),
+        "animate": share(first, animate, place),
+        "final": share([ex.pronoun_index for ex in examples], ref, dis),
+        "n": len(examples),
+    }
+
+
+def head_summary(model, seed=0):
+    """``first_it_heads`` over the held-out sentences of ``make_corpus(seed)``, as lists for the page."""
+    stats = first_it_heads(model, make_corpus(seed=seed).held_out)
+    return {k: (v.tolist() if torch.is_tensor(v) else v) for k, v in stats.items()}
 
 
 def cat_sat_mat():
@@ -167,6 +269,9 @@ def explorer_data(model=None, vocab=None):
     return {
         "model": export_model(model, vocab),
         "trained": trained,
+        "heads": head_summary(model),
+        "nouns": list(ANIMATE + INANIMATE),
+        "adjectives": list(ANIMATE_ADJECTIVES + INANIMATE_ADJECTIVES),
         "examples": example_sentences(vocab),
         "cat_sat_mat": cat_sat_mat(),
     }
@@ -187,4 +292,4 @@ def write_explorer_assets(outdir, model=None, vocab=None):
     return written
 
 
-__all__ = ["export_model", "explorer_model", "explorer_data", "example_sentences", "cat_sat_mat", "write_explorer_assets", "ASSETS"]
+__all__ = ["export_model", "split_free_text", "encode_free_text", "first_it_heads", "head_summary", "explorer_model", "explorer_data", "example_sentences", "cat_sat_mat", "write_explorer_assets", "ASSETS"]
