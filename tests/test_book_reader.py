@@ -32,7 +32,9 @@ PAGES = toc_files()
 
 @pytest.fixture(scope="module")
 def html(tmp_path_factory):
-    return built_book(tmp_path_factory)
+    # FP_BOOK_HTML: an HTML folder built already (to try these tests on another build)
+    prebuilt = os.environ.get("FP_BOOK_HTML")
+    return Path(prebuilt) if prebuilt else built_book(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +77,20 @@ def views(browser):
     box and its figures; at 1280 px, for every page of the book, its console errors, requests
     to other hosts, typeset formulas, text and images, its formulas as MathML text, and
     axe-core's violations (when axe-core is installed; its test says why not otherwise).
+    At both widths, for every page, its blocks that wrap or scroll (READING_JS) and the
+    width of the whole page.
     A full-page screenshot of every chapter at 1280 px goes to _build/screenshots/."""
     axe = _axe_file()
     out = {}
     for width in WIDTHS:
-        docs = PAGES if width == 1280 else CHAPTERS + ["intro"]
-        for doc in docs:
+        for doc in PAGES:
             view: dict = {}
             page = _open(browser, f"{doc}.html", width, seen=view)
             try:
+                view.update(page.evaluate(READING_JS))
+                out[width, doc] = view
+                if width != 1280 and doc not in CHAPTERS + ["intro"]:
+                    continue  # (exercise pages at 390 px: how wide they are is all we look at)
                 view.update(overflow=page.evaluate(OVERFLOW_JS), body=page.evaluate(BODY_JS))
                 if doc in CHAPTERS:
                     view["figures"] = page.evaluate(FIGURES_JS)
@@ -229,12 +236,92 @@ OVERFLOW_JS = """() => Array.from(document.querySelectorAll('main pre, main div.
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_no_block_wider_than_its_box(views, width):
+    """Nothing is wider than its box, except blocks that scroll with a cue
+    (test_long_blocks_scroll_with_a_cue): any of them at 390 px, and at 1280 px code only
+    (test_code_lines_fit_at_1280 says how many)."""
     wide = {}
     for doc in CHAPTERS + ["intro"]:
         view = views[width, doc]
-        if view["overflow"] or view["body"] > 1:
-            wide[doc] = view["overflow"] or [f"main is {view['body']} px wider than the window"]
+        allowed = {b["text"] for b in view["blocks"] if b["wide"] and b["cued"]
+                   and (width != 1280 or b["kind"] == "code")}
+        overflow = [o for o in view["overflow"] if o.split(": ", 1)[-1] not in allowed]
+        if overflow or view["body"] > 1:
+            wide[doc] = overflow or [f"main is {view['body']} px wider than the window"]
     assert not wide, f"blocks wider than their box at {width} px: {wide}"
+
+
+# What a reader sees of every code, output, table and display-formula block: whether its
+# lines wrap (more lines on screen than in its text), whether it is wider than its box, and
+# whether it then scrolls with a cue (a scroll container whose background scrolls with its
+# content: the shadows of book.css).
+READING_JS = """() => {
+  const shown = pre => {
+    const range = document.createRange();
+    range.selectNodeContents(pre);
+    return new Set(Array.from(range.getClientRects()).filter(r => r.width > 0)
+      .map(r => Math.round(r.top))).size;
+  };
+  const written = pre => pre.textContent.replace(/\\n$/, '').split('\\n').length;
+  const cued = e => { const cs = getComputedStyle(e);
+    return ['auto', 'scroll'].includes(cs.overflowX) && cs.backgroundAttachment.includes('local'); };
+  const kind = e => e.tagName === 'MJX-CONTAINER' ? 'math' : e.closest('.cell_output') ? 'output'
+    : e.closest('.cell_input, div.highlight') ? 'code' : e.tagName.toLowerCase();
+  const blocks = [];
+  for (const e of document.querySelectorAll(
+      'main pre, main table, main mjx-container[display="true"]')) {
+    const wide = e.scrollWidth > e.clientWidth + 1;
+    const wrapped = e.tagName === 'PRE' && shown(e) > written(e);
+    if (wide || wrapped)
+      blocks.push({kind: kind(e), wide, wrapped, cued: cued(e), text: e.textContent.trim().slice(0, 80)});
+  }
+  return {blocks, page_width: document.documentElement.scrollWidth};
+}"""
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_no_code_or_output_line_wraps(views, width):
+    """A wrapped line of code reads as two lines, a wrapped table as twice as many rows
+    (the capstone's 9-row head table once showed 18 lines)."""
+    wrapped = {doc: [f"{b['kind']}: {b['text'][:50]}" for b in views[width, doc]["blocks"] if b["wrapped"]]
+               for doc in PAGES if (width, doc) in views}
+    wrapped = {doc: w for doc, w in wrapped.items() if w}
+    assert not wrapped, f"lines that wrap at {width} px: {wrapped}"
+
+
+def test_printed_output_fits_at_1280(views):
+    """What the chapters print fits its box on a wide screen: a table is shown as a table
+    (firstprinciples.plots.table), a long line is broken where it reads well (plots.wrap)."""
+    wide = {doc: [b["text"][:60] for b in views[1280, doc]["blocks"] if b["wide"] and b["kind"] != "code"]
+            for doc in CHAPTERS + ["intro"]}
+    wide = {doc: w for doc, w in wide.items() if w}
+    assert not wide, f"printed output wider than its box at 1280 px: {wide}"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 41: most chapters' code cells still hold lines longer than "
+                                       "their box at 1280 px (77 characters); they scroll, with a cue")
+def test_code_lines_fit_at_1280(views):
+    wide = {doc: sum(b["wide"] and b["kind"] == "code" for b in views[1280, doc]["blocks"])
+            for doc in CHAPTERS + ["intro"]}
+    wide = {doc: n for doc, n in wide.items() if n}
+    assert not wide, f"code cells with a line longer than their box at 1280 px: {wide}"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_long_blocks_scroll_with_a_cue(views, width):
+    """A block wider than its box (a display formula or a line of code on a phone) scrolls
+    inside it, and shows that it does: never clipped without a sign (the headline formula
+    once lost its final V at 390 px)."""
+    hidden = {doc: [f"{b['kind']}: {b['text'][:50]}" for b in views[width, doc]["blocks"]
+                    if b["wide"] and not b["cued"] and b["kind"] != "table"]
+              for doc in PAGES if (width, doc) in views}
+    hidden = {doc: h for doc, h in hidden.items() if h}
+    assert not hidden, f"blocks clipped without a scroll cue at {width} px: {hidden}"
+
+
+def test_no_page_scrolls_sideways_on_a_phone(views):
+    """At 390 px no page, the exercise pages included, is wider than the screen."""
+    wide = {doc: views[390, doc]["page_width"] for doc in PAGES if views[390, doc]["page_width"] > 390}
+    assert not wide, f"pages wider than 390 px (their width): {wide}"
 
 
 FIGURES_JS = """async () => {
@@ -245,7 +332,24 @@ FIGURES_JS = """async () => {
     const sizes = [...svg.matchAll(/font-size:\\s*([0-9.]+)px/g)].map(m => parseFloat(m[1]));
     const shown = img.getBoundingClientRect().width;
     const column = img.closest('.cell_output').getBoundingClientRect().width;
-    out.push({src: img.src.split('/').pop(), svg: img.src.endsWith('.svg'), shown, column,
+    // Raster panels in the figure (imshow's heatmaps): the widest spread of any colour
+    // channel over their pixels, 0 for a panel of one colour.
+    const panels = [];
+    for (const m of svg.matchAll(/href="(data:image\/png;base64,[^"]+)"/g)) {
+      const pic = new Image();
+      pic.src = m[1];
+      await pic.decode();
+      const canvas = document.createElement('canvas');
+      canvas.width = pic.naturalWidth; canvas.height = pic.naturalHeight;
+      const ctx = canvas.getContext('2d');
+      ctx.drawImage(pic, 0, 0);
+      const data = ctx.getImageData(0, 0, canvas.width, canvas.height).data;
+      const lo = [255, 255, 255], hi = [0, 0, 0];
+      for (let i = 0; i < data.length; i += 4)
+        for (let c = 0; c < 3; c++) { lo[c] = Math.min(lo[c], data[i + c]); hi[c] = Math.max(hi[c], data[i + c]); }
+      panels.push(Math.max(...hi.map((h, c) => h - lo[c])));
+    }
+    out.push({src: img.src.split('/').pop(), svg: img.src.endsWith('.svg'), shown, column, panels,
               natural: box ? parseFloat(box[1].split(/\\s+/)[2]) * 4 / 3 : null,
               units: box ? parseFloat(box[1].split(/\\s+/)[2]) : null, smallest: sizes.length ? Math.min(...sizes) : null});
   }
@@ -274,6 +378,20 @@ def test_figures_are_drawn_at_their_size_and_readable(views, width):
                 problems.append(f"{where}: smallest text {smallest:.1f} px")
     assert count >= len(CHAPTERS)
     assert not problems, f"at {width} px:\n" + "\n".join(problems)
+
+
+def test_no_flat_figure_panel(views):
+    """Every heatmap panel shows its values: a colour scale much wider than the values
+    paints the panel in one colour (an ALiBi bias of -0.027..0 on a scale of -2..0 was an
+    empty square). A panel whose colours spread over less than FLAT of 255 levels fails."""
+    flat = [f"{doc} {f['src'][:12]}: panel {i} spans {spread} levels"
+            for doc in CHAPTERS for f in views[1280, doc]["figures"]
+            for i, spread in enumerate(f["panels"]) if spread < FLAT]
+    assert sum(len(f["panels"]) for doc in CHAPTERS for f in views[1280, doc]["figures"]) >= 10
+    assert not flat, "figure panels of one colour:\n" + "\n".join(flat)
+
+
+FLAT = 40  # of 255 colour levels
 
 
 def test_plotting_code_is_folded(html):
