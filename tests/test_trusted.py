@@ -118,6 +118,16 @@ HIT = {  # a forbidden call, however it is spelled: each is seen
     "the reference unwrapped": "from firstprinciples.reference import softmax\nsoftmax.__wrapped__(x)",
     "the reference's code under another name": "import types\nfrom firstprinciples.reference import softmax\n"
         "f = softmax.__wrapped__\ng = types.FunctionType(f.__code__.replace(co_name='mine'), f.__globals__)\ng(x, -1)",
+    "the reference's code with its first line moved": "import types\nfrom firstprinciples.reference import softmax\n"
+        "f = softmax.__wrapped__\nc = f.__code__\n"
+        "g = types.FunctionType(c.replace(co_firstlineno=c.co_firstlineno + 1), f.__globals__)\ng(x, -1)",
+    "the reference's code in another file": "import types\nfrom firstprinciples.reference import softmax\n"
+        "f = softmax.__wrapped__\n"
+        "g = types.FunctionType(f.__code__.replace(co_filename='<cell softmax>'), f.__globals__)\ng(x, -1)",
+    "the reference's source compiled again": "import inspect, textwrap\nfrom firstprinciples.reference import attention\n"
+        "ns = {'torch': torch}\nexec(compile('\\n' * 3 + textwrap.dedent(inspect.getsource(attention.softmax.__wrapped__))"
+        ".split('\\n', 1)[1], 'mine.py', 'exec'), ns)\nns['softmax'](x, -1)",
+    "a softmax kernel of another name": "torch.ops.aten._safe_softmax(x, -1)",
 }
 CLEAN_CALLS = {
     "exp and sum": "e = torch.exp(x - x.amax(-1, keepdim=True))\ne / e.sum(-1, keepdim=True)",
@@ -613,3 +623,94 @@ def test_a_report_read_in_many_pieces_is_read_whole(reports):
         assert results["softmax"] == "the re-check reported this piece twice (its report was forged)"
     else:
         assert results["softmax"]["results"] == [{"payload": "0123456789" * 300_000}]
+
+
+@pytest.mark.parametrize("call", [
+    "F.scaled_dot_product_attention(q, q, q)",
+    "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, q, q)",
+    "torch.ops.aten._scaled_dot_product_attention_math(q, q, q)",
+    "torch._C._nn.scaled_dot_product_attention(q, q, q)",
+])
+def test_every_kernel_of_a_forbidden_family_is_seen(call):
+    """A forbidden pattern stands for its whole family of operators: PyTorch's attention reached
+    through a kernel whose name adds words ("flash", "_for_cpu", "_math") is seen as a hit."""
+    import torch.nn.functional as F
+
+    from firstprinciples.grading import observe
+
+    ns = {"torch": torch, "F": F, "q": torch.randn(1, 2, 4, 8)}
+    compiled = compile(call, f"{observe.CELL_PREFIX}cell 'attention'>", "exec")
+    with observe.Watch(("scaled_dot_product_attention", "multi_head_attention"), ()) as seen:
+        exec(compiled, ns)
+    assert seen.hits and not seen.tampered, (seen.hits, seen.tampered)
+
+
+@pytest.mark.parametrize("name, hit", [
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", True), ("aten::_scaled_dot_product_efficient_attention", True),
+    ("aten::_native_multi_head_attention", True), ("torch.nn.functional.multi_head_attention_forward", True),
+    ("aten::_fused_rms_norm", True), ("aten::bmm", False), ("aten::_softmax_backward_data", False),
+    ("aten::scaled_product_dot_attention", False), ("aten::dot", False),
+])
+def test_a_family_is_its_words_in_order(name, hit):
+    from firstprinciples.grading import observe
+
+    assert observe.in_family(name, ("scaled_dot_product_attention", "multi_head_attention", "rms_norm")) is hit
+
+
+FFN_OWN = '''
+import torch.nn as nn
+class FeedForward(nn.Module):
+    def __init__(self, d_model):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+    def forward(self, x):
+        return self.net(x)
+FeedForward(4)(torch.randn(2, 4))
+'''
+FFN_COPIED = '''
+import types
+import torch.nn as nn
+from firstprinciples.reference import FeedForward as Ref
+f = Ref.forward.__wrapped__  # (the reference's own forward, under the course's marking wrapper)
+moved = types.FunctionType(f.__code__.replace(co_firstlineno=f.__code__.co_firstlineno + 1), f.__globals__)
+class Mine(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(4, 4)
+moved(Mine(), torch.randn(2, 4))
+'''
+
+
+@pytest.mark.parametrize("code, hit", [(FFN_OWN, False), (FFN_COPIED, True)])
+def test_a_one_line_method_like_the_references_is_the_students_own(code, hit):
+    """``return self.net(x)`` is the reference's FeedForward.forward to the letter, and what an
+    honest student writes: a function without a docstring is the reference only where it is (its
+    file and line) or when it runs in the reference module's namespace (a copy of its code)."""
+    from firstprinciples.grading import observe
+
+    compiled = compile(code, f"{observe.CELL_PREFIX}cell 'FeedForward'>", "exec")
+    with observe.Watch((), ("FeedForward",)) as seen:
+        exec(compiled, {"torch": torch})
+    assert bool([h for h in seen.hits if "FeedForward" in h[0]]) is hit, seen.hits
+
+
+def test_every_phase_of_a_notebooks_recheck_shares_one_budget():
+    """The re-check started ahead, its second tries and a rebuilt piece's runner are separate
+    ``_Recheck``s: each gets what the notebook's budget has left, not a fresh ``Limits.total`` (a
+    capstone's re-check used to take 2.5-3 times its budget)."""
+    import time
+
+    nb = nbformat.read(SOFTMAX, as_version=4)
+    plan = trusted.make_plan(nb, 0, trusted.course_sources(SOFTMAX))
+    limits = trusted.Limits(total=10.0)
+    first = trusted._Recheck(plan, [], limits, None, None)
+    assert 9.9 < first.deadline - first.started <= 10.0
+    first.started -= 7.5  # (as if its runners had taken 7.5 s)
+    first.result([])
+    assert 7.4 < plan.spent < 7.7
+    second = trusted._Recheck(plan, [], limits, None, None)
+    assert 2.2 < second.deadline - second.started <= 2.5
+    second.started -= 5.0
+    outcomes, _ = second.result(plan.checks)
+    third = trusted._Recheck(plan, [], limits, None, None)
+    assert third.deadline <= time.monotonic() and not third.in_time()

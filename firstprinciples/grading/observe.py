@@ -32,8 +32,10 @@ changed in torch, numpy, the course's modules, builtins and the interpreter's ho
 from __future__ import annotations
 
 import builtins
+import dis
 import gc
 import os
+import re
 import sys
 import threading
 import types
@@ -57,11 +59,87 @@ _getframe = sys._getframe
 _BASELINE_THREADS = frozenset(_current_frames())
 
 
+def family(pattern: str):
+    """The operators and functions a forbidden pattern stands for, as one compiled regex matched
+    anywhere in a name, case-insensitively: a snake_case pattern's words in order, with any words
+    between them, so "scaled_dot_product_attention" is also ``aten::_scaled_dot_product_flash_
+    attention_for_cpu`` and ``_scaled_dot_product_efficient_attention`` (every kernel of the
+    family, whatever its prefix or suffix), "rms_norm" ``aten::_fused_rms_norm``; a CamelCase one
+    (a class: "RMSNorm") is matched as written."""
+    words = [re.escape(w) for w in pattern.split("_") if w]
+    return re.compile(r"(?:_[a-z0-9]+)*_".join(words), re.IGNORECASE)
+
+
+_FAMILIES: dict = {}
+
+
+def in_family(name: str, patterns) -> bool:
+    """Whether ``name`` (an operator, a function's qualified name) belongs to a forbidden family."""
+    for p in patterns:
+        rx = _FAMILIES.get(p)
+        if rx is None:
+            rx = _FAMILIES[p] = family(p)
+        if rx.search(name):
+            return True
+    return False
+
+
+# Instructions the compiler picks by context, not by what the code does: in a module that
+# imports ``torch``, ``torch.exp(x)`` is LOAD_GLOBAL + LOAD_ATTR; elsewhere LOAD_GLOBAL + LOAD_METHOD.
+_SAME_OP = {"LOAD_METHOD": "LOAD_ATTR"}
+_KEYS: dict = {}  # code object -> key, for the codes already keyed (the forbidden ones, a few hits)
+
+
 def _code_key(code):
-    """Where a function's code comes from: its file, first line and bytecode. A copy of a code
-    object under another name is the same key; a student's own function (compiled from a
-    notebook cell) never is, even when it is written exactly like the reference."""
-    return (code.co_filename, code.co_firstlineno, code.co_code)
+    """What a function's code is, not where it is: its instructions (jumps by instruction, not
+    by byte offset), the names they read, the constants they load (nested functions by their own
+    key) and its docstring, without its file, name or line numbers. The reference's source
+    compiled again elsewhere, or its code object with its first line moved, has the same key."""
+    key = _KEYS.get(code)
+    if key is None:
+        instructions = list(dis.get_instructions(code))
+        index = {ins.offset: i for i, ins in enumerate(instructions)}
+        ops = []
+        for ins in instructions:
+            arg = ins.argval
+            if ins.opcode in dis.hasjrel or ins.opcode in dis.hasjabs:
+                arg = index.get(arg, arg)
+            elif isinstance(arg, types.CodeType):
+                arg = _code_key(arg)
+            elif not isinstance(arg, (str, int, float, bool, bytes, type(None))):
+                arg = (type(arg).__name__, repr(arg))
+            ops.append((_SAME_OP.get(ins.opname, ins.opname), type(arg).__name__, arg))
+        key = (code.co_consts[:1], tuple(ops))  # (co_consts[0]: the docstring, or None)
+        if len(_KEYS) < 10_000:
+            _KEYS[code] = key
+    return key
+
+
+def _quick(code):
+    """A cheap first look at a call (every call of a watched window): only a code whose names
+    and argument count are those of a forbidden one is keyed in full."""
+    return (code.co_names, code.co_argcount)
+
+
+def _exact(code) -> tuple:
+    return _quick(code) + ("at", code.co_filename, code.co_firstlineno, code.co_code)
+
+
+def _keys(f) -> list:
+    """The keys under which a call of the forbidden function ``f`` is recognised:
+    - where it is (file, first line, bytecode): a copy under another name;
+    - what it is (``_code_key``), when it has a docstring: its code moved to another line or file,
+      or its source compiled again (the reference to the letter, docstring included, is a copy);
+    - what it is, run in the reference's own module namespace, when it has none: a one-line
+      ``return self.net(x)`` is also what an honest student writes, so without the docstring only
+      the same code with the course module's globals is the reference."""
+    code = f.__code__
+    keys = [_exact(code)]
+    if isinstance(code.co_consts[:1] and code.co_consts[0], str):
+        keys.append(_quick(code) + ("what", _code_key(code)))
+    else:
+        keys.append(_quick(code) + ("in", id(f.__globals__), _code_key(code)))
+    return keys
 
 
 def _canary():
@@ -69,7 +147,8 @@ def _canary():
     return None
 
 
-_CANARY_KEY = _code_key(_canary.__code__)
+_CANARY_KEY = _exact(_canary.__code__)
+_CANARY_QUICK = _quick(_canary.__code__)
 
 
 def _functions(obj, depth=0):
@@ -126,7 +205,7 @@ def _torch_nn_functions() -> list:
             for value in list(vars(sys.modules[name]).values()):
                 for f in _functions(value):
                     if f.__module__ == name:
-                        found.append((_code_key(f.__code__), f"{f.__module__}.{f.__qualname__}"))
+                        found.extend((key, f"{f.__module__}.{f.__qualname__}") for key in _keys(f))
         _NN_FUNCTIONS.clear()
         _NN_FUNCTIONS[names] = found
     return _NN_FUNCTIONS[names]
@@ -138,14 +217,14 @@ def _forbidden_python(torch_patterns, pieces) -> dict:
     out = {}
     if torch_patterns:
         for key, qual in _torch_nn_functions():
-            if any(p in qual for p in torch_patterns):
+            if in_family(qual, torch_patterns):
                 out[key] = qual
     folder = os.path.dirname(reference.__file__) + os.sep
     for piece in pieces:
         obj = getattr(reference, piece, None)
         for f in _functions(obj) if obj is not None else ():
             if f.__code__.co_filename.startswith(folder):  # not the marking wrapper that every piece shares
-                out[_code_key(f.__code__)] = f"firstprinciples.reference.{piece}"
+                out.update(dict.fromkeys(_keys(f), f"firstprinciples.reference.{piece}"))
     return out
 
 
@@ -191,7 +270,7 @@ class _Mode(TorchFunctionMode):
         name = resolve_name(func) or getattr(func, "__name__", repr(func))
         if name in _MARKS:
             return _MARK, name
-        return (_HIT if any(p in name for p in self.patterns) else _PLAIN), name
+        return (_HIT if in_family(name, self.patterns) else _PLAIN), name
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if type(func) in _CACHEABLE:
@@ -217,17 +296,28 @@ class Watch:
     def __init__(self, torch_patterns=(), pieces=(), codes: dict | None = None):
         self.patterns = tuple(torch_patterns)
         self.codes = forbidden_python(self.patterns, pieces) if codes is None else codes
+        # (a call's whole key is worked out only when its bytecode is one of these: every call of
+        # the window passes through the hook)
+        self._quick = frozenset([_CANARY_QUICK, *(k[:2] for k in self.codes)])
         self.seen = Seen()
 
     def _hook(self, frame, event, arg):
         if event == "call":
-            key = _code_key(frame.f_code)
-            if key == _CANARY_KEY:
+            code = frame.f_code
+            quick = (code.co_names, code.co_argcount)
+            if quick not in self._quick:
+                return
+            exact = quick + ("at", code.co_filename, code.co_firstlineno, code.co_code)
+            if exact == _CANARY_KEY:
                 self._canary_seen = True
-            else:
-                qual = self.codes.get(key)
-                if qual is not None:
-                    self.seen.hits.append((qual, where(frame.f_back)))
+                return
+            codes = self.codes
+            qual = codes.get(exact)
+            if qual is None:
+                what = _code_key(code)
+                qual = codes.get(quick + ("what", what)) or codes.get(quick + ("in", id(frame.f_globals), what))
+            if qual is not None:
+                self.seen.hits.append((qual, where(frame.f_back)))
 
     def __enter__(self) -> Seen:
         self._canary_seen = False
@@ -275,9 +365,7 @@ class Watch:
         main_tid = next((tid for name, tid in names if name == START_OP), None)
         if START_OP not in ops or END_OP not in ops or ops.index(START_OP) > len(ops) - 1 - ops[::-1].index(END_OP):
             seen.tampered.append("torch's operator profiler was stopped or restarted while your code ran")
-        lowered = [p.lower() for p in self.patterns]
-        matched = {name for name in set(ops) if name not in (START_OP, END_OP)
-                   and any(p in name.lower() for p in lowered)}
+        matched = {name for name in set(ops) if name not in (START_OP, END_OP) and in_family(name, self.patterns)}
         elsewhere = main_tid is not None and any(tid != main_tid for tid in {tid for _, tid in names})
         if not (matched or elsewhere):
             return self._judge_threads(seen)
