@@ -79,6 +79,26 @@ class Shell:
         return lambda *a, **k: None
 
 
+def _display(*objs, **kwargs):
+    """IPython's ``display``: shows nothing here (the runner's output goes nowhere) and returns
+    what IPython's does, None (a display handle only when asked for one, ``display_id``)."""
+    return None
+
+
+def ipython_names(shell) -> dict:
+    """What a kernel's cell can use without importing it, so that an answer cell that uses it
+    runs here as it ran in the kernel: IPython's builtins (``display``, ``get_ipython``) and the
+    user namespace's history (``In``, ``Out``, ``_``, ``_i``... empty here: no cell of the
+    runner is an input of IPython's)."""
+    out: dict = {}
+    names = {"display": _display, "get_ipython": lambda: shell,
+             "In": [""], "Out": {}, "_ih": None, "_oh": None, "_dh": [os.getcwd()],
+             "_": "", "__": "", "___": "", "_i": "", "_ii": "", "_iii": ""}
+    names["_ih"], names["_oh"] = names["In"], names["Out"]
+    out.update(names)
+    return out
+
+
 class CellInterrupted(BaseException):
     """A loaded cell ran past its time limit (raised by the SIGALRM handler)."""
 
@@ -128,8 +148,8 @@ def main() -> None:
     watches = {p["name"]: registry[p["name"]].watch() for p in job["pieces"] if p["name"] in registry}
     codes = {n: observe.forbidden_python(w["torch_patterns"], w["pieces"]) for n, w in watches.items()}
     namespace = {"__name__": "__main__", "__builtins__": builtins}
-    namespace["get_ipython"] = lambda: shell
     shell = Shell(namespace)
+    namespace.update(ipython_names(shell))
 
     def snapshot(previous=None):
         try:

@@ -482,6 +482,24 @@ _entry(
 )
 
 _entry(
+    "softmax_display_in_answer", "softmax",
+    {"softmax": _c('''
+        %matplotlib inline
+        def softmax(x, dim=-1):
+            """Softmax along dim, max subtracted; shows a small example with IPython's display."""
+            e = (x - x.amax(dim=dim, keepdim=True)).exp()
+            return e / e.sum(dim=dim, keepdim=True)
+
+        display(softmax(torch.tensor([1.0, 2.0, 3.0])))
+        shell = get_ipython()
+        print(len(In), type(Out).__name__, shell is not None)
+        %time _ = softmax(torch.randn(8, 8))
+    ''')},
+    [],
+    "IPython's builtins display and get_ipython, In and Out, and line magics in the answer cell itself",
+)
+
+_entry(
     "softmax_float64_warnings", "softmax",
     {"softmax": _c('''
         import warnings
