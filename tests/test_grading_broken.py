@@ -169,3 +169,35 @@ def test_no_stale_score(graded):
     # the others were left as they were
     assert {s: r["score"] for s, r in after.items() if s != "stale"} == \
         {s: r["score"] for s, r in before.items() if s != "stale"}
+
+
+def test_a_course_folder_with_another_copy_of_the_package_is_a_setup_error(tmp_path):
+    """A course folder whose firstprinciples/ is not the installed copy (copied elsewhere, or the
+    package installed from another clone) stops every grading command before it grades anything,
+    saying why: no student scores 0 for it, whatever the order of grading."""
+    import shutil
+
+    from course import ROOT, make_course, nbgrader
+
+    course = make_course(tmp_path)
+    shutil.copytree(ROOT / "firstprinciples", course / "firstprinciples",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pt"))
+    result = nbgrader(course, "generate_assignment", "softmax", "--force", check=False)
+    assert result.returncode != 0
+    assert "grading setup error" in result.stdout + result.stderr
+    assert not (course / "exercises").exists() and not (course / "gradebook.db").exists()
+
+
+def test_a_submission_whose_grading_failed_keeps_no_earlier_score(graded, tmp_path):
+    """nbgrader removes a submission's autograded folder when grading it fails (a crash on the
+    grader's side): the export then gives it 0 with a note, never the score an earlier run left in
+    the gradebook."""
+    import shutil
+
+    course = tmp_path / "course"
+    shutil.copytree(graded[0], course, ignore=shutil.ignore_patterns("tmp"))
+    assert float(_export(course)["correct"]["score"]) == 10
+    shutil.rmtree(course / "autograded" / "correct" / ASSIGNMENT)  # what nbgrader's failure handler does
+    row = _export(course)["correct"]
+    assert float(row["score"]) == 0 and "not graded: the grader stopped on this submission" in row["notes"], row
+    assert float(_export(course)["renamed_notebook"]["score"]) == 10  # (the others are untouched)

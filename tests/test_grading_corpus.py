@@ -52,6 +52,9 @@ FILES = [
         ("after:try_it_code", "try:\n    raise ValueError('v' * 3_000_000)\nexcept ValueError:\n    pass\n"
                               "raise ValueError('e' * 3_000_000)\n"),
     ]},
+    # 100 added cells, each just under the per-cell cap: the notebook's own cap holds (20 MB before)
+    {"id": "files_many_cells_bomb", "assignment": "softmax", "answers": {"softmax": SOFTMAX_CORRECT},
+     "extra": [("after:try_it_code", "print('m' * 190_000)\n")] * 100},
 ] + [
     # each leaves a file where its kernel may write, and lists what it can see there
     {"id": f"files_snoop_{i}", "assignment": "softmax", "answers": {"softmax": SOFTMAX_CORRECT}, "extra": [
@@ -199,7 +202,7 @@ def _secret_case_bytes(course, student, assignment, notebook) -> list[str]:
 
 def test_secret_inputs_appear_in_no_file(graded):
     course = graded[0]
-    for student in ("files_snoop_0", "atk_rebinds_checks_class", HONEST[0]["id"]):
+    for student in ("files_snoop_0", "atk_rebinds_checks_class", HONEST[0]["id"], "atk_leaks_inputs_in_error"):
         entry = ENTRIES[student]
         stem = graded[2][entry["assignment"]][0]
         secrets = _secret_case_bytes(course, student, entry["assignment"], stem)
@@ -208,6 +211,32 @@ def test_secret_inputs_appear_in_no_file(graded):
                                           as_version=4)), _feedback(graded, entry)]
         for text in texts:
             assert not any(s in text for s in secrets), f"{student}: a secret input leaked"
+
+
+def test_no_text_the_grader_writes_grows_with_the_students_names(graded):
+    """Three torch attributes with 4 MB names, each named in the grader's flags: the autograded
+    notebook, the feedback and the student's grades.csv row stay small."""
+    course, rows, _ = graded
+    entry = ENTRIES["atk_huge_names"]
+    stem = graded[2]["softmax"][0]
+    notebook = course / "autograded" / entry["id"] / "softmax" / f"{stem}.ipynb"
+    assert notebook.stat().st_size < 300_000, f"{notebook.stat().st_size:,} bytes"
+    assert len(_feedback(graded, entry)) < 300_000
+    assert len(rows[entry["id"]]["notes"]) <= 2_000, len(rows[entry["id"]]["notes"])
+    assert "characters cut" in rows[entry["id"]]["notes"]
+    assert max(len(line) for line in (course / "grades.csv").read_text().splitlines()) < 5_000
+
+
+def test_a_notebooks_output_is_capped_in_all(graded):
+    """100 cells each just under the per-cell cap: the notebook keeps at most the notebook's cap
+    (2,000,000 characters for the cells that are not graded tests) and says where it cut; the
+    graded tests keep their verdicts."""
+    course = graded[0]
+    path = course / "autograded" / "files_many_cells_bomb" / "softmax" / "softmax.ipynb"
+    assert path.stat().st_size < 3_000_000, f"{path.stat().st_size:,} bytes"
+    assert "printed more than 2,000,000 characters in all" in path.read_text()
+    assert float(graded[1]["files_many_cells_bomb"]["score"]) == 10
+    assert len(_feedback(graded, ENTRIES["files_many_cells_bomb"])) < 4_000_000
 
 
 def test_output_of_every_kind_is_capped(graded):

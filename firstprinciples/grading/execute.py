@@ -62,6 +62,9 @@ def _error(evalue: str) -> NotebookNode:
 class RobustExecute(Execute):
     probe_timeout = Integer(15, help="Seconds a kernel has to answer a trivial request after a timeout.").tag(config=True)
     max_output_bytes = Integer(200_000, help="Largest output (in characters) kept for one cell.").tag(config=True)
+    max_notebook_output_bytes = Integer(2_000_000, help="Largest output (in characters) kept for all the cells of "
+                                        "a notebook that are not graded tests together (a graded test keeps its own "
+                                        "cap, so its verdict is never crowded out).").tag(config=True)
     max_restarts = Integer(10, help="Fresh kernels at most per notebook; after that the remaining cells fail.").tag(config=True)
     trusted_verdicts = Bool(True, help="Re-check graded objects outside the kernel (firstprinciples.grading.trusted).").tag(config=True)
     notebook_timeout = Integer(300, help="Seconds of cell execution one notebook may use; later cells are not run.").tag(config=True)
@@ -81,14 +84,30 @@ class RobustExecute(Execute):
         content = msg.get("content", {})
         added = sum(len(str(v)) for v in content.values())
         self._output_sizes[cell_index] = size + added
+        if not self._is_test(cell_index):
+            self._untested_total += added
+            if self._untested_total > self.max_notebook_output_bytes:
+                self._cut_for_notebook.add(cell_index)
+                return False
         return size + added <= self.max_output_bytes
+
+    def _is_test(self, cell_index: int) -> bool:
+        try:
+            meta = self.nb.cells[cell_index].metadata.get("nbgrader", {})
+        except (IndexError, AttributeError):
+            return False
+        return isinstance(meta, dict) and bool(meta.get("grade")) and not meta.get("solution")
 
     def output(self, outs, msg, display_id, cell_index):
         if not self._count(cell_index, msg):
             if not self._cut.get(cell_index):
                 self._cut[cell_index] = True
-                note = (f"\n[output cut: this cell printed more than {self.max_output_bytes:,} characters; "
-                        "the rest was dropped by the grader]\n")
+                if cell_index in self._cut_for_notebook:
+                    note = (f"\n[output cut: the notebook's cells printed more than {self.max_notebook_output_bytes:,} "
+                            "characters in all; the rest was dropped by the grader]\n")
+                else:
+                    note = (f"\n[output cut: this cell printed more than {self.max_output_bytes:,} characters; "
+                            "the rest was dropped by the grader]\n")
                 outs.append(NotebookNode(output_type="stream", name="stderr", text=note))
             return None
         return super().output(outs, msg, display_id, cell_index)
@@ -120,6 +139,8 @@ class RobustExecute(Execute):
         self.reset_execution_trackers()
         self._check_assign_resources(resources)
         self._output_sizes: dict[int, int] = {}
+        self._untested_total = 0
+        self._cut_for_notebook: set[int] = set()
         self._cut: dict[int, bool] = {}
         self._restarts = 0
         self._budget_end = None

@@ -15,6 +15,7 @@ from . import observe, probes, wire
 MARK = wire.MARK
 # captured when the runner starts, before any student code: rebinding these later changes nothing here
 _gc_disable, _gc_enable, _gc_isenabled, _gc_collect = gc.disable, gc.enable, gc.isenabled, gc.collect
+_CELL_PREFIX = observe.CELL_PREFIX
 _Watch, _forbidden_python, _load, _decode_case, _encode = (observe.Watch, observe.forbidden_python, probes.load,
                                                            probes.decode_case, wire.encode)
 _decode_array = probes._decode
@@ -63,7 +64,7 @@ def report(namespace: dict, name: str, cases: list, codes: dict | None = None, s
                     kept.append(out)
                     entry = {"outputs": {k: _encode(v) for k, v in out.items()}}
                 except (Exception, SystemExit) as e:  # the answer's fault: reported, graded 0
-                    entry = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+                    entry = {"error": _raised(e)}
                 _gc_collect(0)  # finalisers of this case's objects run now, watched (with gc off, all are young)
         finally:
             if was_enabled:
@@ -73,3 +74,24 @@ def report(namespace: dict, name: str, cases: list, codes: dict | None = None, s
         entry["threads"] = sorted(set(seen.threads))[:5]
         results.append(entry)
     return {"name": name, "results": results}
+
+
+def _raised(e: BaseException) -> str:
+    """What the report says of an error raised on a secret case: the exception's class (a
+    built-in's or torch's by name, a class the answer made as such: its name could be made of the
+    inputs) and the answer's innermost line, never its message, which the answer controls and
+    which could carry the secret inputs into the feedback."""
+    cls = type(e)
+    module = getattr(cls, "__module__", "") or ""
+    if module == "builtins" or module == "torch" or module.startswith("torch."):
+        what = f"{module}.{cls.__qualname__}".removeprefix("builtins.")
+    else:
+        what = "an exception of a class of your code's"
+    line = None
+    tb = e.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if name.startswith(_CELL_PREFIX):
+            line = f"{name[len(_CELL_PREFIX):-1]}, line {tb.tb_lineno}"
+        tb = tb.tb_next
+    return f"{what[:80]}" + (f" ({line})" if line else "")

@@ -52,6 +52,8 @@ from pathlib import Path
 import nbformat
 from nbconvert.exporters import NotebookExporter
 from nbformat import NotebookNode
+
+from . import wire
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.coursedir import CourseDirectory
 from nbgrader.plugins.export import CsvExportPlugin
@@ -80,8 +82,13 @@ def notes_path(root: str, assignment: str, student: str, notebook: str) -> Path:
     return Path(root) / NOTES_DIRECTORY / assignment / student / f"{notebook}.txt"
 
 
+NOTE_MAX = wire.NOTE_MAX
+capped = wire.capped
+
+
 def add_note(log, resources, text: str, *, error: bool = False) -> None:
-    """Log ``text`` for this student and keep it for the export."""
+    """Log ``text`` for this student and keep it for the export (capped: ``NOTE_MAX``)."""
+    text = capped(text)
     info = resources["nbgrader"]
     who = f"student '{info['student']}', {info['assignment']}/{info['notebook']}.ipynb"
     (log.error if error else log.warning)("%s: %s", who, text)
@@ -392,6 +399,10 @@ class MatchNotebooks:
 UNFINISHED_NOTE = "NOT FINISHED: a grading run stopped in the middle of this submission; run nbgrader autograde again"
 
 
+NOT_GRADED_NOTE = ("not graded: the grader stopped on this submission (its error is in the grading log); "
+                   "no earlier score is kept. Grade it again once the error is fixed")
+
+
 class CsvExportWithNotes(CsvExportPlugin):
     """nbgrader's CSV export plus a ``notes`` column: what grading repaired or
     could not grade for that student (from ``grading_notes/``). A submission
@@ -440,8 +451,16 @@ class CsvExportWithNotes(CsvExportPlugin):
                 rows.append(row)
                 index[(assignment.name, student)] = row
         for row in rows:
-            unfinished = os.path.exists(os.path.join(
-                cd.format_path(cd.autograded_directory, row["student_id"], row["assignment"]), MARKER))
+            autograded = cd.format_path(cd.autograded_directory, row["student_id"], row["assignment"])
+            submitted = cd.format_path(cd.submitted_directory, row["student_id"], row["assignment"])
+            unfinished = os.path.exists(os.path.join(autograded, MARKER))
+            if (row.get("score") not in (None, "") and not os.path.isdir(autograded)
+                    and glob.glob(os.path.join(submitted, "*.ipynb"))):
+                # nbgrader removes a submission's autograded folder when grading it failed: whatever
+                # the gradebook still holds is an earlier run's score, never kept
+                row.update(raw_score="0.0", late_submission_penalty="0.0", score="0.0")
+                row["notes"] = NOT_GRADED_NOTE
+                continue
             if row.get("notes") and not unfinished:
                 continue
             files = sorted((Path(cd.root) / NOTES_DIRECTORY / row["assignment"] / row["student_id"]).glob("*.txt"))

@@ -38,10 +38,16 @@ def python_source(source: str) -> str:
         return source
 
 
+# What ast and symtable raise for a cell that Python cannot compile: a syntax error, a NUL byte, an
+# expression nested too deeply (RecursionError, or MemoryError from the parser itself). The kernel
+# cannot run such a cell either; here it defines and reads nothing, and the analysis goes on.
+UNPARSABLE = (SyntaxError, ValueError, RecursionError, MemoryError)
+
+
 def parse(source: str) -> ast.AST | None:
     try:
         return ast.parse(python_source(source))
-    except (SyntaxError, ValueError):
+    except UNPARSABLE:
         return None  # it cannot run in the kernel either
 
 
@@ -107,7 +113,7 @@ def global_uses(source: str, tree: ast.AST) -> set:
 
     try:
         table = symtable.symtable(source, "<cell>", "exec")
-    except (SyntaxError, ValueError):
+    except UNPARSABLE:
         return loaded_names(tree)
     out = set()
     todo = [table]
@@ -145,13 +151,17 @@ def cell_infos(nb, course_sources: set | None = None) -> list[CellInfo]:
         python = python_source(cell.source)
         try:
             tree = ast.parse(python)
-        except (SyntaxError, ValueError):
+        except UNPARSABLE:
             tree = None
         info = CellInfo(i, label, student, tree, python)
         if tree is not None:
-            info.defines = top_level_names(tree)
-            info.loads = global_uses(python, tree)
-            info.mutates = mutated_names(tree)
+            try:
+                info.defines = top_level_names(tree)
+                info.loads = global_uses(python, tree)
+                info.mutates = mutated_names(tree)
+            except UNPARSABLE:  # (a tree too deep to walk: the cell cannot be compiled either)
+                info.tree = None
+                info.defines, info.loads, info.mutates = set(), set(), set()
         infos.append(info)
     return infos
 

@@ -118,6 +118,10 @@ class Plan:
     # the modules of warm.LAZY that its runners said they had imported once the cells were loaded
     # (a hint for the template's imports only: it decides nothing)
     imported: set = field(default_factory=set)
+    # seconds the re-check's runners of this notebook have used so far, in every phase (the
+    # re-check started ahead, its second tries, a rebuilt piece after the cells): all of them
+    # share one budget, ``Limits.total``
+    spent: float = 0.0
 
 
 def grade_cell_names(nb, known) -> dict:
@@ -381,7 +385,9 @@ class _Recheck:
     def __init__(self, plan: Plan, command: list, limits: Limits | None, cancel, states: dict | None):
         self.plan, self.command, self.cancel, self.states = plan, command, cancel, states
         self.limits = limits or Limits()
-        self.deadline = time.monotonic() + self.limits.total
+        # one budget for the whole re-check of a notebook, whatever the phases it is made in
+        self.started = time.monotonic()
+        self.deadline = self.started + max(0.0, self.limits.total - plan.spent)
         self.outcomes: dict = {}
         self.flags: list = []
         self.settled: set = set()
@@ -437,8 +443,14 @@ class _Recheck:
     def result(self, wanted: list, marked: bool = False) -> tuple[dict, list]:
         """(name -> Outcome, flags): the flags without their marks unless ``marked`` (for ``more_tries``)."""
         outcomes, plan = self.outcomes, self.plan
+        if not (self.cancel is not None and self.cancel.is_set()):  # (a cancelled run is thrown away)
+            plan.spent += time.monotonic() - self.started
+            self.started = time.monotonic()
         for check in wanted:
-            outcomes.setdefault(check.name, Outcome("the re-check of this notebook ran out of time"))
+            outcomes.setdefault(check.name, Outcome(
+                f"the re-check of this notebook ran out of time (it may use {self.limits.total:g} s in all, "
+                "for every piece and every try; a piece that needs more than that in the grader's runner "
+                "is not given more)"))
             if check.name in self.tried and _failing(plan, check, self.tried[check.name]) < _failing(
                     plan, check, outcomes[check.name]):
                 outcomes[check.name] = self.tried[check.name]
@@ -459,7 +471,7 @@ def _load_context(loaded: dict) -> str:
     errors = loaded.get("errors") if isinstance(loaded, dict) else None
     if not isinstance(errors, list) or not errors:
         return ""
-    parts = [f"{e.get('cell')} raised {e.get('error')}" for e in errors[:3] if isinstance(e, dict)]
+    parts = [wire.capped(f"{e.get('cell')} raised {e.get('error')}", 300) for e in errors[:3] if isinstance(e, dict)]
     return "; while loading your code, " + "; ".join(parts)
 
 
@@ -468,8 +480,8 @@ def _change_flags(change) -> list:
         return []
     cell = str(change.get("cell", "a cell"))
     out = []
-    for what in change.get("changes") or []:
-        what = str(what)
+    for what in (change.get("changes") or [])[:20]:
+        what = wire.capped(what, 200)  # (a name in it is the student's: any length)
         mark = "!" if what.startswith(MACHINERY) else ""
         out.append(f"{mark}{cell} changes the shared code: {what}")
     return out
@@ -498,15 +510,16 @@ def _outcome(check: Check, report: dict, machinery) -> Outcome:
         return Outcome("the re-check's result is incomplete")
     if check.probe.judge is None and not check.expected:
         check.expected = reference_results(check)
-    flags = [f"{check.name}: {c}" for c in (report.get("changes") or [])[:5]]
+    flags = [f"{check.name}: {wire.capped(c, 200)}" for c in (report.get("changes") or [])[:5]]
     found = []
     for i, res in enumerate(results):
         if not isinstance(res, dict):
             found.append({"error": "unreadable result"})
             continue
-        hits = [h for h in res.get("hits") or [] if isinstance(h, list) and len(h) == 2]
-        tampered = [str(t) for t in res.get("tampered") or []]
-        threads = [str(t) for t in res.get("threads") or []]
+        hits = [[wire.capped(w, 120), wire.capped(l, 120)] for w, l in
+                (h for h in (res.get("hits") or [])[:50] if isinstance(h, list) and len(h) == 2)]
+        tampered = [wire.capped(t, 200) for t in (res.get("tampered") or [])[:5]]
+        threads = [wire.capped(t, 200) for t in (res.get("threads") or [])[:5]]
         if threads:
             flags.append(f"{check.name}: {threads[0]} (operators there are watched, Python calls are not)")
         if tampered:
@@ -521,7 +534,9 @@ def _outcome(check: Check, report: dict, machinery) -> Outcome:
             found.append({"error": f"it calls {what}{where}, {kind} that this piece must not use (you are asked to "
                                    "write it yourself)", "forbidden": True})
         elif not isinstance(res.get("outputs"), dict):
-            found.append({"error": f"it raised {str(res.get('error', '?'))[:300]}"})
+            found.append({"error": f"it raised {str(res.get('error', '?'))[:120]} on one of the re-check's own inputs "
+                                   "(the error's message is not shown: it could hold those inputs; run the "
+                                   "notebook's tests to see it on theirs)"})
         else:
             found.append({"got": res["outputs"], "want": check.expected[i] if check.expected else None})
     return Outcome(None, found, sorted(set(flags)))
@@ -663,6 +678,7 @@ def failure_output(reason: str) -> NotebookNode:
 
 
 def note_output(text: str) -> NotebookNode:
+    text = wire.capped(text)
     return NotebookNode(output_type="stream", name="stdout",
                         text=f"Note from the grader: {text}. This test was graded on what your code does; "
                              "an instructor will look at it.\n")

@@ -107,3 +107,18 @@ def dumps(obj) -> str:
 
 def loads(text: str):
     return json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(WireError(f"constant {c}")))
+
+
+# Every text the grader writes for a student (a note in grades.csv and the log, a flag beside a
+# test) is at most this long: parts of it (a name, an error) can come from the student's code,
+# and a 4 MB attribute name must not become a 12 MB row or log line.
+NOTE_MAX = 600
+
+
+def capped(text, limit: int = NOTE_MAX) -> str:
+    """``text`` as a string of at most ``limit`` characters (cut in the middle of a long part)."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 40, 2) // 2  # (40: room for the marker)
+    return f"{text[:keep]} [... {len(text) - 2 * keep:,} characters cut ...] {text[len(text) - keep:]}"

@@ -46,6 +46,23 @@ REWRITTEN = "could not be re-checked"
 NOT_WATCHED = "could not watch your code"
 
 ATTACKS = [
+    # ------------------------------------------------ texts the grader writes, made huge
+    {"id": "atk_huge_names", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX + _c('''
+        for i in range(3):  # three torch attributes with 4 MB names: the grader's flags name them
+            setattr(torch, f"n{i}" + "x" * 4_000_000, lambda: None)  # (a function: "torch.n0xx... was added")
+     ''')}, "extra": [], "score": 0, "reason": "differs from the reference", "flag": "changes the shared code"},
+    # ------------------------------------------------ the secret inputs, carried out in an error
+    {"id": "atk_leaks_inputs_in_error", "assignment": "softmax", "answers": _softmax('''
+        import base64
+        # every input, raw and as text, in the message of the error it raises (the grader's
+        # feedback used to quote a re-check error's message)
+        raise ValueError(base64.b64encode(x.detach().contiguous().numpy().tobytes()).decode() + repr(x.tolist()))
+     '''), "extra": [], "score": 0, "reason": "message is not shown"},
+    {"id": "atk_leaks_inputs_in_error_class", "assignment": "softmax", "answers": _softmax('''
+        import base64
+        name = base64.b32encode(x.detach().contiguous().numpy().tobytes()).decode().strip("=")
+        raise type(name, (Exception,), {})()  # the inputs in the error's class name
+     '''), "extra": [], "score": 0, "reason": "a class of your code"},
     # ------------------------------------------------ scores printed by the test cells
     {"id": "atk_rebinds_checks_class", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX},
      "extra": [("after:try_it_code", _c('''
