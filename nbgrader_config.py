@@ -33,6 +33,9 @@ import nbgrader.apps.autogradeapp
 from nbgrader.coursedir import CourseDirectory
 
 import firstprinciples.grading
+
+# One copy of the course package for every process of a command (a grading-setup error otherwise).
+firstprinciples.grading.require_one_copy(os.getcwd())
 from firstprinciples.grading.execute import RobustExecute
 from firstprinciples.grading.parallel import MARKER, GraderBoundKernelManager, ParallelAutograde
 from firstprinciples.grading.sanitize import (CsvExportWithNotes, MatchNotebooks, OverwriteCellsQuietly, RestoreCells,

@@ -13,3 +13,37 @@
   several processes (or, with ``FP_GRADEBOOK_URL``, machines sharing a
   PostgreSQL gradebook) write the gradebook at once.
 """
+
+
+def require_one_copy(course_root) -> None:
+    """Stop a grading command whose course folder holds a ``firstprinciples/`` that is not the
+    copy this environment has installed (a course folder copied elsewhere, the package installed
+    from a wheel or another clone). nbgrader puts the course folder first on ``sys.path``, so its
+    processes would import one copy while others import the other; the first notebooks of a
+    command then failed the locked ``imports`` cell and scored 0, later ones passed: a
+    grading-setup error, charged to students, that depended on the order of grading. It is the
+    instructor's to fix, before any notebook is graded."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(course_root) / "firstprinciples"
+    if not (here / "__init__.py").is_file():
+        return
+    # where the environment's own copy is, seen from outside the course folder (no import is run)
+    out = subprocess.run([sys.executable, "-c", "import importlib.util as u; s = u.find_spec('firstprinciples'); "
+                          "print(s.submodule_search_locations[0] if s and s.submodule_search_locations else '')"],
+                         cwd=os.path.expanduser("~") if os.path.isdir(os.path.expanduser("~")) else "/",
+                         capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    installed = out.stdout.strip()
+    copies = {os.path.realpath(here), os.path.realpath(os.path.dirname(__file__) + "/..")}
+    if installed:
+        copies.add(os.path.realpath(installed))
+    if len(copies) > 1:
+        raise SystemExit(
+            "grading setup error: this course folder's firstprinciples/ is not the copy of the package that this "
+            f"environment uses ({', '.join(sorted(copies))}). Nothing was graded. Install the course folder's "
+            f"package (pip install -e {os.path.realpath(course_root)}), or run from the folder it was installed "
+            "from.")
