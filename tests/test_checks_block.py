@@ -324,6 +324,34 @@ def _fixed_dropout(self, x, mask=None):
     return x + F.dropout(self.ffn(self.ln2(x)), 0.1, self.training), w
 
 
+def _scaled_not_dropped(self, x, mask=None):
+    a, w = self.attn(self.ln1(x), mask)
+    scale = (1 - self.p) if self.training else 1.0  # the expected value of dropout, without its zeros
+    x = x + a * scale
+    return x + self.ffn(self.ln2(x)) * scale, w
+
+
+def _dropout_not_rescaled(self, x, mask=None):
+    a, w = self.attn(self.ln1(x), mask)
+    keep = lambda t: t * (torch.rand_like(t) >= self.p) if self.training else t  # noqa: E731
+    x = x + keep(a)
+    return x + keep(self.ffn(self.ln2(x))), w
+
+
+def _own_inverted_dropout(self, x, mask=None):
+    """A correct alternative: inverted dropout written by hand (a mask of its own draws)."""
+    def drop(t):
+        if not self.training or self.p == 0:
+            return t
+        if self.p >= 1:
+            return torch.zeros_like(t)
+        return t * (torch.rand_like(t) >= self.p).to(t.dtype) / (1 - self.p)
+
+    a, w = self.attn(self.ln1(x), mask)
+    x = x + drop(a)
+    return x + drop(self.ffn(self.ln2(x))), w
+
+
 def _attention_dropout_only(self, x, mask=None):
     a, w = self.attn(self.ln1(x), mask)
     x = x + self.drop(a)
@@ -430,6 +458,8 @@ BLOCK_VARIANTS.update({
     "no dropout": (block_forward("NoDropout", _no_dropout), {"dropout"}),
     "dropout argument ignored": (block_forward("FixedDropout", _fixed_dropout), {"dropout"}),
     "no dropout on the feed-forward branch": (block_forward("AttnDropoutOnly", _attention_dropout_only), {"dropout"}),
+    "dropout as a scaling by 1 - p (no zeros)": (block_forward("ScaledNotDropped", _scaled_not_dropped), {"dropout"}),
+    "dropout without the 1/(1-p) rescaling": (block_forward("NotRescaled", _dropout_not_rescaled), {"dropout"}),
     "calls nn.TransformerEncoderLayer": (CallsTorchEncoderLayer, ALL),
     "attn is nn.MultiheadAttention": (UsesTorchAttention, ALL),
     "attn is the reference MultiHeadAttention": (UsesReferenceAttention, ALL),
@@ -447,7 +477,7 @@ test_every_block_mistake_has_a_variant = expectations_test((BLOCK_MISTAKE_CLASSE
 
 @pytest.mark.parametrize("name", sorted(BLOCK_CHECKS))
 def test_independent_block_passes(name):
-    for answer in (GoodBlock, SeedStyleDropoutModule):
+    for answer in (GoodBlock, SeedStyleDropoutModule, block_forward("OwnInvertedDropout", _own_inverted_dropout)):
         assert_passes(BLOCK_CHECKS[name], answer, f"a correct TransformerBlock ({answer.__name__}) fails {name}")
 
 

@@ -558,6 +558,40 @@ def check_block_causal(cls):
     with_diagnosis(check, (out, w), (x, P, H, mask), BLOCK_MISTAKES, reference_block)
 
 
+# Dropout's distribution, on the feed-forward branch alone: with W_o = 0 the attention branch is
+# 0, with the feed-forward's last layer 0 and its bias 1 that branch is 1 everywhere, so the
+# block's output minus its input is what dropout made of a tensor of ones: each entry 0 with
+# probability p, else 1 / (1 - p). On 4 x 64 x 16 = 4,096 entries at p = 0.5, the fraction of
+# zeros is within 0.05 of p except with probability below 1e-9 (0.05 is 6.4 standard deviations).
+DROPOUT_P, DROPOUT_SHAPE, DROPOUT_SLACK = 0.5, (4, 64, 16), 0.05
+
+
+def dropout_distribution(module, x, P, seed: int) -> tuple[float, list]:
+    """(fraction of zeros, the distinct other values) of what the block's dropout made of a branch
+    of ones (see ``DROPOUT_P``): ``module`` is the block built with dropout=DROPOUT_P, ``P`` its
+    parameters (``random_block_parameters``), loaded here with that branch's changes."""
+    P = list(P)
+    P[5] = torch.zeros_like(P[5])  # W_o: the attention branch is 0
+    P[10], P[11] = torch.zeros_like(P[10]), torch.ones_like(P[11])  # W2 = 0, b2 = 1: the branch is 1
+    load_block(module, P)
+    module.train()
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        out = module(x)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    d = (torch.as_tensor(out).detach().double() - x.double()).flatten()
+    zero = d.abs() < 1e-9
+    survivors = sorted({round(v, 6) for v in d[~zero].tolist()})[:5]
+    return float(zero.double().mean()), survivors
+
+
+def dropout_is_inverted(fraction: float, survivors: list) -> bool:
+    """Whether ``dropout_distribution`` is inverted dropout's: zeros about p of the time, every
+    other entry 1 / (1 - p)."""
+    keep = 1 / (1 - DROPOUT_P)
+    return abs(fraction - DROPOUT_P) <= DROPOUT_SLACK and all(abs(v - keep) <= 1e-6 for v in survivors)
+
+
 def check_block_dropout(cls):
     """Dropout is off in eval mode, on in train mode, and sits on the two branches only: with
     dropout=1.0 in train mode both branches are zeroed, so the block returns x unchanged."""
@@ -593,6 +627,21 @@ def check_block_dropout(cls):
             "return its input unchanged: x + 0 + 0. Apply dropout to the attention output and to the feed-forward "
             "output only (x = x + self.drop(a)), never to x itself or to the sum, and use the dropout argument."
         ) from None
+
+    x = torch.randn(*DROPOUT_SHAPE, generator=g, dtype=torch.float64)
+    P = random_block_parameters(g, DROPOUT_SHAPE[-1], torch.float64)
+    module = build_block(cls, DROPOUT_SHAPE[-1], n_heads, P, dropout=DROPOUT_P)
+    fraction, survivors = dropout_distribution(module, x, P, seed=1)
+    if not dropout_is_inverted(fraction, survivors):
+        shown = ", ".join(f"{v:g}" for v in survivors) or "none"
+        raise AssertionError(
+            f"With dropout={DROPOUT_P} in train mode, a feed-forward branch that outputs 1 everywhere (W_o = 0, the "
+            "last layer's weight 0 and bias 1) should come out of dropout as 0 in about half of the entries and as "
+            f"1 / (1 - p) = {1 / (1 - DROPOUT_P):g} in the others (inverted dropout: the survivors are scaled up so "
+            f"that the expected value is unchanged). Your block gives 0 in {fraction:.1%} of the "
+            f"{x.numel():,} entries and these other values: {shown}. Use nn.Dropout(dropout) or F.dropout(t, p, "
+            "self.training) on each branch's output."
+        )
 
 
 def check_block_gradients_and_inputs(cls, full=True):

@@ -196,8 +196,15 @@ def _dropout(cls, case):
         torch.manual_seed(int(case["seed"]) + 1)
         dropped, _ = returned_pair(m(inputs[2]))
     unchanged = all(bool(torch.equal(x, case["x"])) for x in inputs)
+    # dropout's distribution (checks.block.DROPOUT_P): a branch of ones becomes 0 or 1 / (1 - p)
+    g = torch.Generator().manual_seed(int(case["seed"]) + 2)
+    x = torch.randn(*bk_checks.DROPOUT_SHAPE, generator=g, dtype=torch.float64)
+    P = bk_checks.random_block_parameters(g, bk_checks.DROPOUT_SHAPE[-1], torch.float64)
+    m = build_module(cls, bk_checks.DROPOUT_SHAPE[-1], case["n_heads"], dropout=bk_checks.DROPOUT_P).double()
+    inverted = bk_checks.dropout_is_inverted(*bk_checks.dropout_distribution(m, x, P, int(case["seed"]) + 3))
     return {"eval output (dropout 0.5)": eval_out, "train output differs from eval (dropout 0.5)": differs,
-            "train output (dropout 1.0)": dropped, "x unchanged": unchanged}
+            "train output (dropout 1.0)": dropped, "x unchanged": unchanged,
+            "dropout zeroes about p of a branch and scales the rest by 1/(1-p)": inverted}
 
 
 def block_run(cls, case):
