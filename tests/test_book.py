@@ -181,3 +181,126 @@ def test_search_finds_softmax(browser):
         assert not errors, errors
     finally:
         page.close()
+
+
+# ---------------------------------------------------------------- reading order and sources
+# These read the chapter sources only (no build): they fail fast, before the book is built.
+
+def _toc_chapters():
+    """The root and every chapter page, in the order of _toc.yml (exercises and references are not chapters)."""
+    return [f for f in toc_files() if f == toc_files()[0] or f.startswith("chapters/")]
+
+
+def _prose(source):
+    """A MyST notebook's prose: no front matter, no fenced block (code cells and their options,
+    alt texts included), no display math. Returns (line number, text) per paragraph."""
+    source = re.sub(r"\A---\n.*?\n---\n", lambda m: "\n" * m.group(0).count("\n"), source, flags=re.S)
+    blank = lambda m: "\n" * m.group(0).count("\n")  # keep line numbers
+    source = re.sub(r"^(`{3,}|:{3,}).*?^\1[ \t]*$", blank, source, flags=re.S | re.M)
+    source = re.sub(r"\$\$.*?\$\$", blank, source, flags=re.S)
+    paragraphs, start, lines = [], None, []
+    for number, line in enumerate(source.splitlines() + [""], start=1):
+        if line.strip():
+            start = start or number
+            lines.append(line.strip())
+        elif lines:
+            paragraphs.append((start, " ".join(lines)))
+            start, lines = None, []
+    return paragraphs
+
+
+def _sentences(paragraph):
+    return re.split(r"(?<=[.!?])\s+(?=[A-Z(*_{\"'`])", paragraph)
+
+
+# A sentence that refers to a chapter that comes later must say that it looks ahead.
+FORWARD = re.compile(r"\b(later|next|will|ahead|coming|upcoming|comes back|come back|returns?( to)?)\b", re.I)
+# Plain-text names that stand for one chapter (a link is not needed to name it).
+NAMES = {"chapters/capstone": r"\bthe capstone\b", "chapters/explorer": r"\bthe (?:attention )?explorer\b"}
+
+
+def _targets(sentence, chapters, labels):
+    """The chapters a sentence refers to: {doc} links, {ref} to a label a chapter defines,
+    markdown links to a chapter file, and the plain-text names in NAMES."""
+    found = []
+    for target in re.findall(r"\{doc\}`(?:[^`<]*<)?([^`>]+)>?`", sentence):
+        name = target.split("/")[-1]
+        found += [c for c in chapters if c.split("/")[-1] == name and "exercises" not in target]
+    for label in re.findall(r"\{ref\}`(?:[^`<]*<)?([^`>]+)>?`", sentence):
+        found += [labels[label]] if label in labels else []
+    for target in re.findall(r"\]\(([^)#\s]+)", sentence):
+        stem = target.split("/")[-1].rsplit(".", 1)[0]
+        found += [c for c in chapters if c.split("/")[-1] == stem]
+    found += [c for c, pattern in NAMES.items() if re.search(pattern, sentence, flags=re.I)]
+    return found
+
+
+def _order_problems():
+    """Every sentence of intro.md and the chapters that breaks the reading order of _toc.yml:
+
+    1. **A later chapter as prior knowledge.** A sentence that refers to a chapter placed later
+       in _toc.yml (a ``{doc}`` link, a ``{ref}`` to a label that chapter defines, a markdown
+       link to its file, or a plain-text name such as "the capstone") must be marked as looking
+       ahead by one of the words in FORWARD ("later", "next", "will", "ahead", "coming",
+       "comes back", "returns"...). "As the capstone showed" fails; "the capstone will measure"
+       and "a later chapter, {doc}`x`, tests this" pass. Links to exercises do not count (every
+       chapter ends by sending the reader to its exercise, which _toc.yml lists after the chapters).
+    2. **"Next" must be next.** "Next, {doc}`x`", "the next chapter, {doc}`x`", "{doc}`x`, the
+       next page" name x as the chapter that follows: it must be the following chapter in _toc.yml.
+    3. **Only the last is last.** A sentence that calls its own page "the last chapter" ("this
+       last chapter", "this was the last chapter", "this is the last chapter") is allowed only on
+       the last chapter of _toc.yml.
+    """
+    chapters = _toc_chapters()
+    texts = {c: (ROOT / f"{c}.md").read_text() for c in chapters}
+    labels = {label: c for c, text in texts.items() for label in re.findall(r"^\(([\w-]+)\)=\s*$", text, flags=re.M)}
+    problems = []
+    for i, page in enumerate(chapters):
+        following = chapters[i + 1] if i + 1 < len(chapters) else None
+        for line, paragraph in _prose(texts[page]):
+            for sentence in _sentences(paragraph):
+                where = f"{page}.md:{line}: {sentence[:160]}"
+                later = [t for t in _targets(sentence, chapters, labels) if chapters.index(t) > i]
+                if later and not FORWARD.search(sentence):
+                    problems.append(f"{where}\n    refers to {later[0]}, which comes later, as if read")
+                claimed = re.findall(r"\bnext(?: chapter| page)?\s*[,:]?\s*(?:the\s+)?\{doc\}`([^`]+)`", sentence, flags=re.I)
+                claimed += re.findall(r"\{doc\}`([^`]+)`\s*,?\s*(?:is|comes)?\s*the next (?:chapter|page)", sentence, flags=re.I)
+                for target in claimed:
+                    if following is None or target.split("/")[-1] != following.split("/")[-1]:
+                        problems.append(f"{where}\n    calls {target} next; the next chapter is {following}")
+                if re.search(r"\bthis (?:last chapter|(?:is|was) the last chapter)\b", sentence, flags=re.I) and following:
+                    problems.append(f"{where}\n    calls itself the last chapter; {following} follows")
+    return problems
+
+
+def test_no_chapter_leans_on_a_later_one():
+    problems = _order_problems()
+    assert not problems, "the reading order of _toc.yml is broken:\n" + "\n".join(problems)
+
+
+# Python's string escapes turn "\t", "\n", "\r", "\f", "\b", "\a", "\v" into control characters:
+# "\times" written in a normal string becomes a TAB and "imes". What such an accident leaves in
+# math: a control character, or a command without its backslash.
+CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")  # TAB included, newline not
+BROKEN_COMMAND = re.compile(r"(?<![\\A-Za-z])(imes|ext\{|heta|ilde|rac\{|lpha|ight(?:arrow)?|abla|ewline|eta|athrm|athbf)\b")
+
+
+def _math_spans(source):
+    """(line number, text) of every display ($$...$$, \\begin...\\end) and inline ($...$) math."""
+    spans = []
+    for m in re.finditer(r"\$\$.*?\$\$|\\begin\{(\w+\*?)\}.*?\\end\{\1\}|(?<![\\$])\$(?!\$)[^$\n]+?(?<!\\)\$", source, flags=re.S):
+        spans.append((source.count("\n", 0, m.start()) + 1, m.group(0)))
+    return spans
+
+
+@pytest.mark.parametrize("page", [f for f in toc_files() if not f.startswith("exercises/")])
+def test_no_control_character_in_a_source(page):
+    """No TAB or other control character in a page's source (the newline aside), and no
+    math command that lost its backslash to a string escape."""
+    source = (ROOT / f"{page}.md").read_text()
+    math_lines = {line + k for line, span in _math_spans(source) for k in range(span.count("\n") + 1)}
+    bad = [f"line {n}{' (in math)' if n in math_lines else ''}: {line!r}"
+           for n, line in enumerate(source.splitlines(), start=1) if CONTROL.search(line)]
+    bad += [f"line {n}: {span!r} has a command without its backslash"
+            for n, span in _math_spans(source) if BROKEN_COMMAND.search(span)]
+    assert not bad, "\n".join(bad)
