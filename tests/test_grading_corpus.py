@@ -55,6 +55,9 @@ FILES = [
     # 100 added cells, each just under the per-cell cap: the notebook's own cap holds (20 MB before)
     {"id": "files_many_cells_bomb", "assignment": "softmax", "answers": {"softmax": SOFTMAX_CORRECT},
      "extra": [("after:try_it_code", "print('m' * 190_000)\n")] * 100},
+    # an added cell nested 100,000 deep: it fails in the kernel; the notebook is graded
+    {"id": "files_deep_expression", "assignment": "softmax", "answers": {"softmax": SOFTMAX_CORRECT},
+     "extra": [("after:try_it_code", "x = " + "+".join(["1"] * 100_000) + "\n")]},
 ] + [
     # each leaves a file where its kernel may write, and lists what it can see there
     {"id": f"files_snoop_{i}", "assignment": "softmax", "answers": {"softmax": SOFTMAX_CORRECT}, "extra": [
@@ -237,6 +240,10 @@ def test_a_notebooks_output_is_capped_in_all(graded):
     assert "printed more than 2,000,000 characters in all" in path.read_text()
     assert float(graded[1]["files_many_cells_bomb"]["score"]) == 10
     assert len(_feedback(graded, ENTRIES["files_many_cells_bomb"])) < 4_000_000
+
+
+def test_a_cell_too_deep_to_parse_is_graded_around(graded):
+    assert float(graded[1]["files_deep_expression"]["score"]) == 10, graded[1]["files_deep_expression"]
 
 
 def test_output_of_every_kind_is_capped(graded):

@@ -714,3 +714,20 @@ def test_every_phase_of_a_notebooks_recheck_shares_one_budget():
     outcomes, _ = second.result(plan.checks)
     third = trusted._Recheck(plan, [], limits, None, None)
     assert third.deadline <= time.monotonic() and not third.in_time()
+
+
+@pytest.mark.parametrize("deep", ["x = " + "+".join(["1"] * 100_000), "x = " + "-" * 100_000 + "1"],
+                         ids=["a sum 100,000 long", "100,000 minus signs"])
+def test_a_cell_too_deep_to_parse_defines_nothing_and_stops_nothing(deep):
+    """An expression nested 100,000 deep (RecursionError, or MemoryError from the parser): the
+    kernel cannot compile it either; the trusted analysis keeps going without it (it stopped the
+    notebook's grading: "not graded", and the earlier score kept)."""
+    from firstprinciples.grading import scan
+
+    nb = nbformat.read(SOFTMAX, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(deep))
+    infos = scan.cell_infos(nb)
+    assert infos[-1].tree is None and not infos[-1].defines
+    assert any("softmax" in i.defines for i in infos)
+    plan = trusted.make_plan(nb, 0, trusted.course_sources(SOFTMAX))
+    assert plan.checks
