@@ -89,6 +89,15 @@ def top_p_ignored(logits, temperature=1.0, top_k=None, top_p=None, generator=Non
     return correct(logits, temperature, top_k, None, generator)
 
 
+def first_row_only(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """Draws every token from the first row's distribution: right on a batch of identical rows."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    flat = logits.reshape(-1, logits.shape[-1])
+    p = _filtered(flat[:1], temperature, top_k, top_p)[0]  # (V,)
+    return torch.multinomial(p, flat.shape[0], replacement=True, generator=generator).reshape(logits.shape[:-1])
+
+
 MISTAKE_FAILS = {
     "temperature applied to the probabilities": {"temperature", "top_k", "top_p"},
     "logits multiplied by the temperature": {"temperature", "top_k", "top_p"},
@@ -109,6 +118,7 @@ VARIANTS.update({
     "calls the reference": (calls_reference, ALL),
     "float tokens": (float_tokens, ALL),
     "top_p ignored": (top_p_ignored, {"top_p"}),
+    "reads only the first row": (first_row_only, {"temperature", "top_k", "top_p"}),
 })
 
 test_every_mistake_has_an_expectation = expectations_test((MISTAKE_FAILS, S.MISTAKES))

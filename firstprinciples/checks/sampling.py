@@ -12,7 +12,9 @@ Decisions stated once:
   drawn (a count of 0, not "rarely"). The same generator seed must give the same
   tokens, and the call must not touch torch's global random state.
 - **Statistical elsewhere, with a stated false-failure probability.** Each case draws
-  ``N_DRAWS`` = 10,000 tokens in one call (a batch of identical rows) from a seeded
+  ``N_DRAWS`` = 10,000 tokens in one call (a batch of copies of one row, each with its
+  entries in an order of its own: ``permuted_batch``; a sampler that reads only the first row
+  fails) from a seeded
   generator and compares every token's count c with its probability p (computed in
   float64 by the reference). The count of a correct sampler is Binomial(N, p);
   Bernstein's inequality bounds P(|c - N p| >= t) by 2 exp(-t^2 / (2 (N p (1 - p) + t / 3))),
@@ -196,16 +198,36 @@ def _hint(label):
     return m.hint[0].upper() + m.hint[1:]
 
 
-def _counts(tokens, V):
-    return torch.bincount(tokens.reshape(-1), minlength=V).tolist()
+def permuted_batch(row, shape, seed: int):
+    """(batch, perms): ``prod(shape)`` copies of ``row`` (V,), shaped (*shape, V), each with its
+    entries in an order of its own (seeded by ``seed``): ``batch[i, j] = row[perms[i, j]]``. Every
+    row has the same distribution over the words of ``row``, so the counts of the words drawn are
+    Binomial as with identical rows; but a sampler that reads only some rows (the first, say)
+    draws the wrong words for the others, and is seen."""
+    row = torch.as_tensor(row)
+    V = row.shape[-1]
+    n = math.prod(shape)
+    g = torch.Generator().manual_seed(int(seed) * 7919 + 13)
+    perms = torch.argsort(torch.rand(n, V, generator=g, dtype=torch.float64), dim=-1)  # (n, V)
+    return row[perms].reshape(*shape, V).contiguous(), perms
 
 
-def _mistake_counts(m, batch, kwargs, seed):
+def _counts(tokens, V, perms=None):
+    """How often each word of the row was drawn (``perms``: as in ``permuted_batch``)."""
+    tokens = tokens.reshape(-1)
+    if perms is not None:
+        tokens = perms.gather(-1, tokens.reshape(-1, 1)).reshape(-1)  # (n,): the word each row drew
+    return torch.bincount(tokens, minlength=V).tolist()
+
+
+def _mistake_counts(m, batch, kwargs, seed, perms=None):
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             out = m.fn(batch.clone(), generator=torch.Generator().manual_seed(seed), **kwargs)
-        return _counts(out.reshape(-1), batch.shape[-1]) if out.numel() == batch.shape[:-1].numel() else None
+        if out.numel() != batch.shape[:-1].numel() or out.dtype != torch.int64:
+            return None
+        return _counts(out.reshape(-1), batch.shape[-1], perms)
     except Exception:
         return None
 
@@ -214,12 +236,12 @@ def _frequencies_agree(counts, p, n):
     return all((c == 0) if q == 0 else abs(c - n * q) <= allowed_deviation(n, q) for c, q in zip(counts, p))
 
 
-def _matching_mistakes(counts, batch, kwargs, seed, p):
+def _matching_mistakes(counts, batch, kwargs, seed, p, perms=None):
     """The named mistakes whose own counts (same inputs, same seed) agree with ``counts``."""
     n = batch.shape[:-1].numel()
     found = []
     for m in MISTAKES:
-        theirs = _mistake_counts(m, batch, kwargs, seed)
+        theirs = _mistake_counts(m, batch, kwargs, seed, perms)
         if theirs is None or _frequencies_agree(theirs, p, n):
             continue  # it crashes here, or is right on these inputs
         if all(abs(a - b) <= 2 * allowed_deviation(n, max(b / n, 1 / n)) for a, b in zip(counts, theirs)):
@@ -239,13 +261,14 @@ def _table(counts, p, n, words):
 
 
 def _check_frequencies(fn, row, kwargs, *, seed, shape=(N_DRAWS,), words=None, what=""):
-    """Draw prod(shape) tokens from copies of ``row`` (V,) in one call; compare counts with the reference's
+    """Draw prod(shape) tokens from copies of ``row`` (V,), each row in its own order
+    (``permuted_batch``), in one call; compare the counts of the words drawn with the reference's
     probabilities: exactly 0 where the probability is 0, within Bernstein's bound elsewhere."""
     V = row.shape[-1]
-    batch = row.expand(*shape, V).contiguous()  # (*shape, V): identical rows
+    batch, perms = permuted_batch(row, shape, seed)  # (*shape, V)
     n = batch.shape[:-1].numel()
     tokens = _call(fn, batch, kwargs, torch.Generator().manual_seed(seed))
-    counts = _counts(tokens, V)
+    counts = _counts(tokens, V, perms)
     p = next_token_probabilities(row.to(torch.float64), **kwargs).tolist()
     problem = None
     worst, excess = None, 1.0
@@ -264,7 +287,7 @@ def _check_frequencies(fn, row, kwargs, *, seed, shape=(N_DRAWS,), words=None, w
                    f"{100 * q:.1f}%: a correct sampler lands that far off with probability below {DELTA:g}.")
     if problem is None:
         return
-    found = _matching_mistakes(counts, batch, kwargs, seed, p)
+    found = _matching_mistakes(counts, batch, kwargs, seed, p, perms)
     diagnosis = ("\nYour draws match a typical mistake:\n" + "\n".join(f"  - {m.label}: {m.hint}" for m in found)
                  if found else "")
     raise AssertionError(

@@ -32,7 +32,6 @@ changed in torch, numpy, the course's modules, builtins and the interpreter's ho
 from __future__ import annotations
 
 import builtins
-import dis
 import gc
 import os
 import re
@@ -84,37 +83,6 @@ def in_family(name: str, patterns) -> bool:
     return False
 
 
-# Instructions the compiler picks by context, not by what the code does: in a module that
-# imports ``torch``, ``torch.exp(x)`` is LOAD_GLOBAL + LOAD_ATTR; elsewhere LOAD_GLOBAL + LOAD_METHOD.
-_SAME_OP = {"LOAD_METHOD": "LOAD_ATTR"}
-_KEYS: dict = {}  # code object -> key, for the codes already keyed (the forbidden ones, a few hits)
-
-
-def _code_key(code):
-    """What a function's code is, not where it is: its instructions (jumps by instruction, not
-    by byte offset), the names they read, the constants they load (nested functions by their own
-    key) and its docstring, without its file, name or line numbers. The reference's source
-    compiled again elsewhere, or its code object with its first line moved, has the same key."""
-    key = _KEYS.get(code)
-    if key is None:
-        instructions = list(dis.get_instructions(code))
-        index = {ins.offset: i for i, ins in enumerate(instructions)}
-        ops = []
-        for ins in instructions:
-            arg = ins.argval
-            if ins.opcode in dis.hasjrel or ins.opcode in dis.hasjabs:
-                arg = index.get(arg, arg)
-            elif isinstance(arg, types.CodeType):
-                arg = _code_key(arg)
-            elif not isinstance(arg, (str, int, float, bool, bytes, type(None))):
-                arg = (type(arg).__name__, repr(arg))
-            ops.append((_SAME_OP.get(ins.opname, ins.opname), type(arg).__name__, arg))
-        key = (code.co_consts[:1], tuple(ops))  # (co_consts[0]: the docstring, or None)
-        if len(_KEYS) < 10_000:
-            _KEYS[code] = key
-    return key
-
-
 def _quick(code):
     """A cheap first look at a call (every call of a watched window): only a code whose names
     and argument count are those of a forbidden one is keyed in full."""
@@ -127,19 +95,17 @@ def _exact(code) -> tuple:
 
 def _keys(f) -> list:
     """The keys under which a call of the forbidden function ``f`` is recognised:
-    - where it is (file, first line, bytecode): a copy under another name;
-    - what it is (``_code_key``), when it has a docstring: its code moved to another line or file,
-      or its source compiled again (the reference to the letter, docstring included, is a copy);
-    - what it is, run in the reference's own module namespace, when it has none: a one-line
-      ``return self.net(x)`` is also what an honest student writes, so without the docstring only
-      the same code with the course module's globals is the reference."""
+    - where it is (file, first line, bytecode): the function itself, or a copy of its code under
+      another name;
+    - what it was made from: its constants tuple, which every code object derived from its code
+      (``code.replace(...)``: its first line moved, another file, another name) shares, and which
+      no code compiled from source ever does (an honest one-line ``return self.net(x)``, written
+      like the reference's, has constants of its own).
+    The reference's source typed or pasted into a cell and compiled there is new code: the watch
+    does not call it the reference (the similarity report finds copies; the student bundle holds
+    no reference implementation)."""
     code = f.__code__
-    keys = [_exact(code)]
-    if isinstance(code.co_consts[:1] and code.co_consts[0], str):
-        keys.append(_quick(code) + ("what", _code_key(code)))
-    else:
-        keys.append(_quick(code) + ("in", id(f.__globals__), _code_key(code)))
-    return keys
+    return [_exact(code), _quick(code) + ("made from", id(code.co_consts))]
 
 
 def _canary():
@@ -311,11 +277,7 @@ class Watch:
             if exact == _CANARY_KEY:
                 self._canary_seen = True
                 return
-            codes = self.codes
-            qual = codes.get(exact)
-            if qual is None:
-                what = _code_key(code)
-                qual = codes.get(quick + ("what", what)) or codes.get(quick + ("in", id(frame.f_globals), what))
+            qual = self.codes.get(exact) or self.codes.get(quick + ("made from", id(code.co_consts)))
             if qual is not None:
                 self.seen.hits.append((qual, where(frame.f_back)))
 

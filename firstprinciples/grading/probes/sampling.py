@@ -33,8 +33,8 @@ def run(fn, case):
 
     kwargs = {k: case[k] for k in PARAMS if k in case}
     logits = case["logits"]
-    if "batch" in case:
-        logits = logits.expand(*case["batch"], logits.shape[-1]).contiguous()  # identical rows
+    if "batch" in case:  # copies of the row, each in its own order (checks.sampling.permuted_batch)
+        logits = S.permuted_batch(logits, tuple(case["batch"]), int(case["seed"]))[0]
     seed = int(case["seed"])
     gen = torch.Generator().manual_seed(seed)
     state, global_state = gen.get_state(), torch.random.get_rng_state()
@@ -77,12 +77,16 @@ def judge(case, got):
     if tokens.size and (tokens.min() < 0 or tokens.max() >= V):
         return f"a token is outside 0..{V - 1}"
     after = got.get("logits after the call")
-    expanded = logits.expand(*batch, V).numpy() if "batch" in case else logits.numpy()
-    if not isinstance(after, dict) or not wire.is_array(after) or not np.array_equal(wire.array(after), expanded):
+    perms = None
+    if "batch" in case:
+        given, perms = S.permuted_batch(logits, batch, int(case["seed"]))
+    else:
+        given = logits
+    if not isinstance(after, dict) or not wire.is_array(after) or not np.array_equal(wire.array(after), given.numpy()):
         return "it changes the logits in place"
     kwargs = {k: case[k] for k in PARAMS if k in case}
     if "greedy" in tags:
-        if not np.array_equal(tokens, logits.argmax(-1).numpy()):
+        if not np.array_equal(tokens, given.argmax(-1).numpy()):
             return "with temperature 0 the tokens are not the argmax of each row"
         if _scalar(got, "drew from the generator") or not _scalar(got, "left the global random state"):
             return "with temperature 0 it draws a random number"
@@ -97,7 +101,8 @@ def judge(case, got):
         return None
     if tags & {"temperature", "top_k", "top_p"}:
         n = tokens.size
-        counts = np.bincount(tokens.reshape(-1), minlength=V)
+        drawn = tokens.reshape(-1) if perms is None else perms.numpy()[np.arange(n), tokens.reshape(-1)]
+        counts = np.bincount(drawn, minlength=V)  # (V,): how often each word of the row was drawn
         p = next_token_probabilities(logits.to(torch.float64), **kwargs).numpy()
         for j, (c, q) in enumerate(zip(counts, p)):
             if q == 0 and c > 0:
