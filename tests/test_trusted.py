@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import os
+import subprocess
 import sys
 
 import nbformat
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from course import SOLUTIONS, nbgrader_meta, source_notebooks
+from course import ROOT, SOLUTIONS, nbgrader_meta, source_notebooks
 from firstprinciples.grading import probes, scan, trusted, wire
 
 SOFTMAX = SOLUTIONS / "softmax" / "softmax.ipynb"
@@ -728,3 +729,30 @@ def test_a_cell_too_deep_to_parse_defines_nothing_and_stops_nothing(deep):
     assert any("softmax" in i.defines for i in infos)
     plan = trusted.make_plan(nb, 0, trusted.course_sources(SOFTMAX))
     assert plan.checks
+
+
+NO_PROCESS = r"""
+import os, subprocess, threading, torch
+from firstprinciples.grading import recheck
+print("installed", recheck.refuse_new_processes())
+done = []
+t = threading.Thread(target=lambda: done.append(1)); t.start(); t.join()
+torch.set_num_threads(2); (torch.randn(300, 300) @ torch.randn(300, 300)).sum().item()
+print("threads", done == [1])
+for name, make in [("fork", os.fork), ("subprocess", lambda: subprocess.run(["true"]))]:
+    try:
+        if make() == 0:
+            os._exit(0)
+        print(name, "made")
+    except PermissionError:
+        print(name, "refused")
+"""
+
+
+def test_a_runner_makes_no_process_but_keeps_its_threads():
+    """The re-check's runner refuses fork, vfork and spawn (a child would run unwatched), and keeps
+    threads working (torch's and Python's)."""
+    out = subprocess.run([sys.executable, "-c", NO_PROCESS], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.split("\n")
+    assert lines[:4] == ["installed True", "threads True", "fork refused", "subprocess refused"], out.stdout

@@ -99,6 +99,73 @@ def ipython_names(shell) -> dict:
     return out
 
 
+# ---------------------------------------------------------------- no new process
+# A runner needs no process of its own: a child made by fork() would run what it likes unseen
+# by the watch (which observes this process). A seccomp filter, set before any student code,
+# refuses every new process and keeps threads (torch's, Python's): fork and vfork, and clone
+# without CLONE_THREAD, fail with EPERM; clone3, whose flags a filter cannot read, fails with
+# ENOSYS, so that glibc falls back to clone for its threads.
+_ARCHES = {  # machine -> (AUDIT_ARCH_*, syscalls refused, clone, clone3)
+    "x86_64": (0xC000003E, (57, 58), 56, 435),
+    "aarch64": (0xC00000B7, (), 220, 435),
+}
+_CLONE_THREAD = 0x00010000
+
+
+def refuse_new_processes() -> bool:
+    """Install the filter in this process (and every thread it starts later); False where the
+    machine's architecture or kernel has no seccomp filter (then nothing changes: not Linux, or
+    another architecture; the README's threat model says so)."""
+    import ctypes
+    import platform
+    import struct
+
+    arch = _ARCHES.get(platform.machine())
+    if arch is None or not sys.platform.startswith("linux"):
+        return False
+    audit, refused, clone, clone3 = arch
+    ld_w_abs, jeq_k, jge_k, jset_k, ret_k = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    prog = [(ld_w_abs, 0, 0, 4)]  # the architecture
+    body = [(ld_w_abs, 0, 0, 0)]  # the system call's number
+    body.append((jge_k, 0, 0, 0x40000000))  # x32's numbers: refused (jt patched below)
+    for nr in refused:
+        body.append((jeq_k, 0, 0, nr))  # -> EPERM
+    body.append((jeq_k, 0, 0, clone3))  # -> ENOSYS
+    body.append((jeq_k, 0, 0, clone))  # -> the flags
+    # layout: prog[0], arch check, body..., [flags] ld args[0]; jset THREAD; ret ALLOW; ret EPERM; ret ENOSYS
+    out = list(prog)
+    n_body = len(body)
+    base = 2  # after ld arch and its jeq
+    flags_at = base + n_body
+    allow_at, eperm_at, enosys_at = flags_at + 2, flags_at + 3, flags_at + 4
+    out.append((jeq_k, 0, allow_at - 2, audit))  # another architecture's call: allowed as it is
+    for i, (code, jt, jf, k) in enumerate(body):
+        at = base + i
+        if code == jge_k or (code == jeq_k and k in refused):
+            jt, jf = eperm_at - at - 1, 0
+        elif code == jeq_k and k == clone3:
+            jt, jf = enosys_at - at - 1, 0
+        elif code == jeq_k and k == clone:
+            jt, jf = flags_at - at - 1, allow_at - at - 1
+        out.append((code, jt, jf, k))
+    out.append((ld_w_abs, 0, 0, 16))  # args[0], its low 32 bits: clone's flags
+    out.append((jset_k, allow_at - (flags_at + 1) - 1, eperm_at - (flags_at + 1) - 1, _CLONE_THREAD))
+    out += [(ret_k, 0, 0, allow), (ret_k, 0, 0, eperm), (ret_k, 0, 0, enosys)]
+    raw = b"".join(struct.pack("HBBI", *ins) for ins in out)
+    buf = ctypes.create_string_buffer(raw, len(raw))
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+    fprog = Prog(len(out), ctypes.cast(buf, ctypes.c_void_p))
+    if libc.prctl(38, 1, None, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        return False
+    return libc.prctl(22, 2, ctypes.cast(ctypes.pointer(fprog), ctypes.c_void_p), 0, 0) == 0  # PR_SET_SECCOMP, FILTER
+
+
 class CellInterrupted(BaseException):
     """A loaded cell ran past its time limit (raised by the SIGALRM handler)."""
 
@@ -128,6 +195,7 @@ def main() -> None:
     from . import observe, probes, runtime, wire
 
     job = json.loads(sys.stdin.buffer.read())
+    refuse_new_processes()  # (before any student code: see above)
     nonce = str(job["nonce"])
     out = _dup(1)
     null = _open(os.devnull, os.O_RDWR)

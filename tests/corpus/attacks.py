@@ -46,6 +46,20 @@ REWRITTEN = "could not be re-checked"
 NOT_WATCHED = "could not watch your code"
 
 ATTACKS = [
+    # ------------------------------------------------ a child process, unseen by the watch
+    {"id": "atk_forks_a_child", "assignment": "softmax", "answers": _softmax('''
+        import os, pickle
+        r, w = os.pipe()
+        if os.fork() == 0:  # the child calls the built-in; the watch observes only the parent
+            os.write(w, pickle.dumps(torch.softmax(x, dim)))
+            os._exit(0)
+        os.close(w)
+        data = b""
+        while chunk := os.read(r, 1 << 16):
+            data += chunk
+        os.waitpid(-1, 0)
+        return pickle.loads(data)
+     '''), "extra": [], "score": 0, "reason": "PermissionError"},
     # ------------------------------------------------ texts the grader writes, made huge
     {"id": "atk_huge_names", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX + _c('''
         for i in range(3):  # three torch attributes with 4 MB names: the grader's flags name them
