@@ -79,7 +79,7 @@ c.Execute.timeout = 60
 c.Execute.interrupt_on_timeout = True
 # c.RobustExecute.notebook_timeout = 300  # seconds of cell execution per notebook; later cells are not run
 # c.RobustExecute.recheck_timeout = 300  # seconds for the trusted re-check of one notebook
-# c.RobustExecute.recheck_piece_timeout = 45  # seconds for the re-check of one piece
+# c.RobustExecute.recheck_piece_timeout = 120  # seconds for the re-check of one piece
 # Once a notebook has run, its kernel is killed at once: nothing in it is needed any
 # more, and the polite shutdown (request, then wait for the exit) cost 0.85 s of idle
 # waiting per notebook, a fifth of the grading time.

@@ -69,7 +69,7 @@ class RobustExecute(Execute):
     trusted_verdicts = Bool(True, help="Re-check graded objects outside the kernel (firstprinciples.grading.trusted).").tag(config=True)
     notebook_timeout = Integer(300, help="Seconds of cell execution one notebook may use; later cells are not run.").tag(config=True)
     recheck_timeout = Float(300.0, help="Seconds the trusted re-check of one notebook may use in all.").tag(config=True)
-    recheck_piece_timeout = Float(45.0, help="Seconds the trusted re-check may spend on one piece.").tag(config=True)
+    recheck_piece_timeout = Float(120.0, help="Seconds the trusted re-check may spend on one piece (watched, code with many small torch calls runs several times slower than in the kernel).").tag(config=True)
     recheck_service = Bool(None, allow_none=True, help="Make the trusted re-check's decisions in a child of "
                            "the warm template (verdicts.Service) instead of this process, which then never imports "
                            "torch. Default: wherever kernels are warm (warm.available()).").tag(config=True)

@@ -60,11 +60,16 @@ def report(namespace: dict, name: str, cases: list, codes: dict | None = None, s
             with _Watch(watch["torch_patterns"], watch["pieces"], codes) as seen:
                 try:
                     obj = target()
-                    out = probe.run(obj, case, namespace) if getattr(probe, "needs", ()) else probe.run(obj, case)
-                    kept.append(out)
-                    entry = {"outputs": {k: _encode(v) for k, v in out.items()}}
-                except (Exception, SystemExit) as e:  # the answer's fault: reported, graded 0
-                    entry = {"error": _raised(e)}
+                except (Exception, SystemExit) as e:  # the object could not be had (a rebuild from the
+                    # kernel's parameters failed): no secret input was involved, so its message is kept
+                    entry = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+                else:
+                    try:
+                        out = probe.run(obj, case, namespace) if getattr(probe, "needs", ()) else probe.run(obj, case)
+                        kept.append(out)
+                        entry = {"outputs": {k: _encode(v) for k, v in out.items()}}
+                    except (Exception, SystemExit) as e:  # the answer's fault on a secret case: graded 0
+                        entry = {"error": _raised(e), "secret": True}
                 _gc_collect(0)  # finalisers of this case's objects run now, watched (with gc off, all are young)
         finally:
             if was_enabled:
