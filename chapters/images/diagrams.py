@@ -5,7 +5,7 @@
 
 The diagrams are plain SVG written by hand-placed coordinates: no plotting library, nothing
 fetched, text kept as ``<text>``. Each is drawn on a ``WIDTH``-unit-wide canvas and shown at
-``DESKTOP`` times that size on a wide screen; on a phone (a column of about 358 px) it shrinks to
+``DESKTOP`` times that size on a wide screen (the tallest at 1.0, so they fit a laptop screen); on a phone (a column of about 358 px) it shrinks to
 about 0.81 of its units, so no text is smaller than ``MIN_FONT`` units (about 9.8 px there).
 Every diagram carries its own white panel, so it reads the same on the book's light and dark
 themes. The text widths are measured with the DejaVu Sans metrics that ship with matplotlib, and a
@@ -22,7 +22,7 @@ from xml.sax.saxutils import escape
 
 HERE = Path(__file__).resolve().parent
 WIDTH = 440
-DESKTOP = 1.2
+DESKTOP = 1.1
 MIN_FONT = 12
 FONT = "DejaVu Sans, Verdana, Arial, sans-serif"
 
@@ -273,7 +273,7 @@ def _grid(s, x, y, n_rows, n_cols, cell, colours, shade=None, text=None, size=12
 @diagram
 def attention_shapes():
     s = Svg("attention_shapes", "Scaled dot-product attention step by step, with the shape of every tensor",
-            scale=1.1)
+            scale=1.0)
     c, n = 24, 3  # cell size; T_q = T_k = 3 drawn
     g = n * c
     narrow = 40  # d_k or d_v drawn as a narrow band
@@ -352,7 +352,7 @@ def attention_shapes():
 @diagram
 def multi_head():
     s = Svg("multi_head", "Multi-head attention: d_model cut into H heads of d_k, attention per head, "
-            "heads concatenated and mixed by W_O", scale=1.1)
+            "heads concatenated and mixed by W_O", scale=1.0)
     H = 3
     bw = 126  # a (T, d_model) box
     bh = 48
@@ -418,7 +418,7 @@ FFN = ("#e0f2fe", "#0369a1")
 def transformer_block():
     s = Svg("transformer_block", "The pre-LN transformer block: LayerNorm, multi-head attention, dropout and a "
             "residual addition, then LayerNorm, feed-forward network, dropout and a second residual addition",
-            scale=1.1)
+            scale=1.0)
     sx = 74  # the residual stream
     bx0, bx1 = 150, 424  # the sub-layers' column
     bc = (bx0 + bx1) / 2
@@ -470,7 +470,7 @@ def transformer_block():
 @diagram
 def kv_cache():
     s = Svg("kv_cache", "One decoding step with a KV cache: only the new token's q, k and v are computed; "
-            "the K and V caches each gain one row", scale=1.1)
+            "the K and V caches each gain one row", scale=1.0)
     cell, c0 = 38, 214
     labels = ["0", "1", "…", "t−1", "t"]
     y_k, y_w, y_v, h = 78, 136, 204, 30
@@ -533,7 +533,7 @@ def kv_cache():
 @diagram
 def cross_attention():
     s = Svg("cross_attention", "Encoder-decoder cross-attention: queries from the decoder's sequence, keys and "
-            "values from the encoder's output", scale=1.1)
+            "values from the encoder's output", scale=1.0)
     L0, L1, R0, R1 = 12, 214, 236, 428
     lc, rc = (L0 + L1) / 2, (R0 + R1) / 2
     s.text(lc, 28, "encoder (source)", size=14, bold=True, fill=KEY[1])
@@ -595,7 +595,7 @@ def cross_attention():
 @diagram
 def tiled_attention():
     s = Svg("tiled_attention", "Tiled attention: a block of queries sweeps over blocks of keys with a running "
-            "maximum and sum; the full score matrix is never formed", scale=1.1)
+            "maximum and sum; the full score matrix is never formed", scale=1.0)
     nb, tile = 4, 44
     gx, gy = 92, 92
     g = nb * tile
