@@ -39,6 +39,30 @@ def test_every_exercise_and_chapter_is_in_the_book():
         assert md.relative_to(ROOT).with_suffix("").as_posix() in files
 
 
+def _code_cells(text):
+    """The source lines of every ```{code-cell}``` in a MyST notebook, without its options
+    (the ``---`` block or ``:key:`` lines): what a reader sees when the cell is shown."""
+    for cell in re.findall(r"^```\{code-cell\}[^\n]*\n(.*?)^```", text, flags=re.S | re.M):
+        cell = re.sub(r"\A---\n.*?^---\n", "", cell, flags=re.S | re.M)
+        yield re.sub(r"\A(:\w[\w-]*:[^\n]*\n)+", "", cell).splitlines()
+
+
+def test_code_lines_fit_their_box():
+    """No line of a chapter's code cell is wider than the code box at 1280 px
+    (``plots.TEXT_WIDTH`` characters): it would scroll, and a comment cut off reads as code.
+    Source-level twin of test_book_reader.py::test_code_lines_fit_at_1280, no browser needed."""
+    from firstprinciples.plots import TEXT_WIDTH
+
+    long = {}
+    for md in sorted((ROOT / "chapters").glob("*.md")):
+        lines = [line for cell in _code_cells(md.read_text()) for line in cell]
+        assert lines, f"{md.name}: no code cell found (is the parser still right?)"
+        wide = [line.strip()[:40] for line in lines if len(line) > TEXT_WIDTH]
+        if wide:
+            long[md.name] = wide
+    assert not long, f"code lines longer than {TEXT_WIDTH} characters: {long}"
+
+
 def _outputs(page):
     """The HTML of every code cell's output (what the build computed), and nothing else."""
     parts = page.split('<div class="cell_output docutils container">')[1:]
