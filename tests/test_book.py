@@ -39,6 +39,35 @@ def test_every_exercise_and_chapter_is_in_the_book():
         assert md.relative_to(ROOT).with_suffix("").as_posix() in files
 
 
+def _code_cells(text):
+    """Every ```{code-cell}``` of a MyST notebook: its options (the ``---`` block or the
+    ``:key:`` lines, tags included) and its source lines, what a reader sees when it is shown."""
+    for cell in re.findall(r"^```\{code-cell\}[^\n]*\n(.*?)^```", text, flags=re.S | re.M):
+        options = re.match(r"\A(---\n.*?^---\n|(:\w[\w-]*:[^\n]*\n)+)?", cell, flags=re.S | re.M)
+        yield options.group(0), cell[options.end():].splitlines()
+
+
+def test_code_lines_fit_their_box():
+    """No line of a chapter's code cell is wider than its code box at 1280 px: it would
+    scroll, and a comment cut off reads as code. The box holds ``plots.TEXT_WIDTH``
+    characters; a folded cell's (hide-input), once unfolded, is 18 px narrower and holds two
+    fewer (measured in Chromium: 77 characters fit 684 px, and 75 fit 666 px).
+    Source-level twin of test_book_reader.py::test_code_lines_fit_at_1280, which sees only
+    the cells that are not folded."""
+    from firstprinciples.plots import TEXT_WIDTH
+
+    long = {}
+    for md in sorted((ROOT / "chapters").glob("*.md")):
+        cells = list(_code_cells(md.read_text()))
+        assert cells, f"{md.name}: no code cell found (is the parser still right?)"
+        for options, lines in cells:
+            width = TEXT_WIDTH - 2 if "hide-input" in options else TEXT_WIDTH
+            long.setdefault(md.name, []).extend(
+                f"{line.strip()[:40]} ({len(line)} > {width})" for line in lines if len(line) > width)
+    long = {name: lines for name, lines in long.items() if lines}
+    assert not long, f"code lines longer than their box: {long}"
+
+
 def _outputs(page):
     """The HTML of every code cell's output (what the build computed), and nothing else."""
     parts = page.split('<div class="cell_output docutils container">')[1:]

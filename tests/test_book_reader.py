@@ -298,8 +298,6 @@ def test_printed_output_fits_at_1280(views):
     assert not wide, f"printed output wider than its box at 1280 px: {wide}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 41: most chapters' code cells still hold lines longer than "
-                                       "their box at 1280 px (77 characters); they scroll, with a cue")
 def test_code_lines_fit_at_1280(views):
     wide = {doc: sum(b["wide"] and b["kind"] == "code" for b in views[1280, doc]["blocks"])
             for doc in CHAPTERS + ["intro"]}
