@@ -48,7 +48,8 @@ from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Float, Integer
 
-from . import kernelstate, sanitize, scan, trusted, verdicts, warm
+from . import kernelstate, scan, trusted, verdicts, warm
+from .notes import add_note
 
 FAULT_NAME = "GradingFault"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -311,7 +312,7 @@ class RobustExecute(Execute):
 
     def _add_note(self, text: str) -> None:
         if (self.resources or {}).get("nbgrader", {}).get("student"):
-            sanitize.add_note(self.log, self.resources, text)
+            add_note(self.log, self.resources, text)
 
     # ------------------------------------------------------------ the trusted re-check
     def _course(self):
@@ -381,8 +382,8 @@ class RobustExecute(Execute):
             self.log.warning("Trusted re-check failed for %s: %s",
                              self.nb.cells[index].metadata.get("nbgrader", {}).get("grade_id"), reason)
         if notes and (self.resources or {}).get("nbgrader", {}).get("student"):
-            sanitize.add_note(self.log, self.resources, "FLAGGED for an instructor: " + "; ".join(notes[:5])
-                              + (f" (and {len(notes) - 5} more)" if len(notes) > 5 else ""))
+            add_note(self.log, self.resources, "FLAGGED for an instructor: " + "; ".join(notes[:5])
+                     + (f" (and {len(notes) - 5} more)" if len(notes) > 5 else ""))
 
     async def _kernel_info(self):
         msg_id = await _maybe_await(self.kc.kernel_info())

@@ -69,7 +69,7 @@ def quiet(log: logging.Logger) -> None:
 
 def notes_of(root: str, assignment: str, student: str) -> list[str]:
     """The grader's notes on a submission (``grading_notes/``, as in ``grades.csv``)."""
-    from .sanitize import NOTES_DIRECTORY
+    from .notes import NOTES_DIRECTORY
 
     out = []
     for path in sorted((Path(root) / NOTES_DIRECTORY / assignment / student).glob("*.txt")):

@@ -89,6 +89,7 @@ from sqlalchemy.engine import Engine
 from traitlets import Bool, Float, Integer, default
 
 from . import gradelog, sharedqueue
+from .notes import MARKER
 from .sandbox import sweep_cgroups
 from .warm import Template as WarmTemplate
 from .warm import WarmKernelManager
@@ -96,7 +97,6 @@ from .warm import _libc as warm_libc
 from .warm import available as warm_available
 from .warm import set_name
 
-MARKER = ".fp-grading-incomplete"
 SHARD_ENV = "FP_GRADING_SHARD"
 WORKERS_ENV = "FP_GRADING_WORKERS"
 SQLITE_BUSY_TIMEOUT_MS = 120_000

@@ -53,16 +53,14 @@ import nbformat
 from nbconvert.exporters import NotebookExporter
 from nbformat import NotebookNode
 
-from . import wire
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.coursedir import CourseDirectory
 from nbgrader.plugins.export import CsvExportPlugin
 from nbgrader.preprocessors import NbGraderPreprocessor, OverwriteCells
 
 from .exchange import NBGRADER_FILES
-from .parallel import MARKER
+from .notes import MARKER, NOTE_MAX, NOTES_DIRECTORY, add_note, capped, notes_path  # noqa: F401 (also read from here)
 
-NOTES_DIRECTORY = "grading_notes"
 # Expected notebook path -> the file actually graded for it (None: nothing usable).
 # Filled by MatchNotebooks, read by TolerantNotebookExporter (same process).
 SUBSTITUTES: dict[str, str | None] = {}
@@ -76,27 +74,6 @@ def _coursedir(obj) -> CourseDirectory:
             return obj.coursedir
         obj = getattr(obj, "parent", None)
     return CourseDirectory()
-
-
-def notes_path(root: str, assignment: str, student: str, notebook: str) -> Path:
-    return Path(root) / NOTES_DIRECTORY / assignment / student / f"{notebook}.txt"
-
-
-NOTE_MAX = wire.NOTE_MAX
-capped = wire.capped
-
-
-def add_note(log, resources, text: str, *, error: bool = False) -> None:
-    """Log ``text`` for this student and keep it for the export (capped: ``NOTE_MAX``)."""
-    text = capped(text)
-    info = resources["nbgrader"]
-    who = f"student '{info['student']}', {info['assignment']}/{info['notebook']}.ipynb"
-    (log.error if error else log.warning)("%s: %s", who, text)
-    path = notes_path(resources["nbgrader"].get("course_root", os.getcwd()),
-                      info["assignment"], info["student"], info["notebook"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(text + "\n")
 
 
 def _meta(cell) -> dict:
@@ -409,7 +386,7 @@ class CsvExportWithNotes(CsvExportPlugin):
     folder that holds no notebook at all (nbgrader's autograde skips it with a
     warning) gets score 0 and a note, also when an earlier run had graded it.
     A submission whose grading was stopped half-way (its ``autograded/`` folder
-    still has the ``parallel.MARKER``) is flagged: its score is not final.
+    still has the ``notes.MARKER``) is flagged: its score is not final.
     """
 
     def export(self, gradebook: Gradebook) -> None:
