@@ -327,6 +327,23 @@ def generate_float32(mha, prompt, n_new):
     return correct_generate(mha.float(), prompt.float(), n_new)
 
 
+def generate_uncached_by_the_weights(mha, prompt, n_new):
+    """No cache: every step recomputes attention over the whole prefix, with the layers' weights
+    multiplied by hand (so that no hook on the layers counts the projections)."""
+    seq = prompt
+    for _ in range(n_new):
+        B, T, d = seq.shape
+        H = mha.n_heads
+        heads = [(seq @ layer.weight.T).view(B, T, H, d // H).transpose(1, 2)
+                 for layer in (mha.W_q, mha.W_k, mha.W_v)]
+        q, k, v = heads  # (B, H, T, d_k) each
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d // H) + reference.causal_mask(T, seq.dtype)
+        out = torch.softmax(scores, dim=-1) @ v
+        out = out.transpose(1, 2).reshape(B, T, d) @ mha.W_o.weight.T
+        seq = torch.cat([seq, out[:, -1:]], dim=1)
+    return seq
+
+
 def generate_with_step_mistake(mistake):
     def generate(mha, prompt, n_new):
         return make_generate(CatCache, mistake)(mha, prompt, n_new)
@@ -405,6 +422,7 @@ OTHER_VARIANTS = {
     ("cached_attention_step", "casts to float32"): (step_float32, STEP_ALL),
     ("cached_attention_step", "weights averaged over heads"): (step_weights_averaged_over_heads, {"one_token", "prompt"}),
     ("generate", "calls the reference"): (generate_calls_reference, {"generate"}),
+    ("generate", "no cache, the layers' weights multiplied by hand"): (generate_uncached_by_the_weights, {"generate"}),
     ("generate", "uses the reference step"): (generate_with_reference_step, {"generate"}),
     ("generate", "returns the new vectors only"): (generate_new_vectors_only, {"generate"}),
     ("generate", "returns numpy"): (generate_numpy, {"generate"}),
@@ -497,6 +515,7 @@ def test_visible_checks_print_the_difference_and_the_work(capsys):
     assert "max |difference|" in out and "tolerance 1e-10" in out
     assert "keys projected per sequence: 6 with your cache, 21" in out
     assert "6 with your cache, 18 without one" in out
+    assert "multiply-adds in matrix products: 3,840 by yours, 3,840 with a cache, 11,968 without one." in out
 
 
 def test_forbidden_call_message_is_clear():

@@ -277,10 +277,12 @@ def generate_run(fn, case):
     mha = mha.to(W[0].dtype).requires_grad_(False)
     prompt = case["prompt"].clone()
     B, T_p, _ = prompt.shape
-    with kv_checks.counting_rows(mha) as counts:
+    counted = kv_checks.MatmulWork()
+    with counted:
         seq = fn(mha, prompt, case["n_new"])
     return {"sequence": seq, "prompt unchanged": bool(torch.equal(prompt, case["prompt"])),
-            "re-projects the prefix (more key rows than a cache needs)": bool(counts["W_k"] > B * (T_p + case["n_new"]))}
+            "re-projects the prefix (the work of generation without a cache)":
+                kv_checks.reprojects(counted.work, B, T_p, case["n_new"], d)}
 
 
 register(
