@@ -756,3 +756,13 @@ def test_a_runner_makes_no_process_but_keeps_its_threads():
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.split("\n")
     assert lines[:4] == ["installed True", "threads True", "fork refused", "subprocess refused"], out.stdout
+
+
+def test_the_reference_run_in_a_thread_is_named_with_its_line():
+    """A thread started during the case that calls the course's reference: the hit names the
+    reference and the student's line (before, only its operators were seen: "aten::... ran in
+    another thread")."""
+    code = ("import threading\nfrom firstprinciples.reference import softmax\nout = []\n"
+            "t = threading.Thread(target=lambda: out.append(softmax(x)))\nt.start(); t.join()")
+    seen = _watch(code)
+    assert ("firstprinciples.reference.softmax", "cell 'softmax', line 4") in seen.hits, seen.hits

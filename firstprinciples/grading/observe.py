@@ -54,6 +54,7 @@ _ACTIVITIES = {ProfilerActivity.CPU}
 # captured now, before any student code runs
 _setprofile, _getprofile, _current_frames, _get_ident = sys.setprofile, sys.getprofile, sys._current_frames, threading.get_ident
 _getframe = sys._getframe
+_threading_setprofile = threading.setprofile  # (threads the student starts during a window get the hook too)
 # threads alive before any student code could run (the runner has none; a test process may)
 _BASELINE_THREADS = frozenset(_current_frames())
 
@@ -291,8 +292,16 @@ class Watch:
         self._mode.__enter__()
         self._bound = self._hook
         _setprofile(self._bound)
+        # a thread started with ``threading`` during the window calls the same hook: a forbidden
+        # Python function run there is named with its cell and line, as in the main thread (its
+        # torch operators are seen by the profiler in any case)
+        _threading_setprofile(self._thread_hook)
         torch.special.entr(torch.zeros(1))
         return self.seen
+
+    def _thread_hook(self, frame, event, arg):
+        if event == "call":
+            self._hook(frame, event, arg)
 
     def __exit__(self, *exc) -> bool:
         try:
@@ -301,6 +310,7 @@ class Watch:
         finally:
             hook = _getprofile()
             _setprofile(None)
+            _threading_setprofile(None)
             try:
                 self._mode.__exit__(None, None, None)
             except Exception as e:  # the mode stack was changed under it
