@@ -51,7 +51,7 @@ c.CourseDirectory.release_directory = "exercises"
 # names another database (e.g. postgresql://grader:secret@dbhost/course, for several
 # grading machines; needs psycopg2, see requirements.txt).
 if os.environ.get("FP_GRADEBOOK_URL"):
-    c.CourseDirectory.db_url = os.environ["FP_GRADEBOOK_URL"]
+    c.CourseDirectory.db_url = firstprinciples.grading.gradebook_url(os.environ["FP_GRADEBOOK_URL"])
 
 # Parallel, restartable autograding. nbgrader 0.9.6's AutogradeApp.start builds its
 # converter as `Autograde(coursedir=..., parent=self)` from the module global

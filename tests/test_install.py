@@ -176,3 +176,20 @@ def test_ci_runs_the_readme_commands_in_a_virtualenv_inside_the_clone():
     assert first == "pip install -r requirements.txt && jupyter-book build ."
     assert f"\n{first} " in script
     assert script.index(". .venv/bin/activate") < script.index(first) < script.index("python3 -m pytest")
+
+
+@pytest.mark.parametrize("url, opened", [
+    ("postgresql://grader:secret@dbhost/course", "postgresql+psycopg2://grader:secret@dbhost/course"),
+    ("postgres://grader@/db?host=/tmp/s&port=5433", "postgresql+psycopg2://grader@/db?host=/tmp/s&port=5433"),
+    ("postgresql+psycopg2://grader@dbhost/course", "postgresql+psycopg2://grader@dbhost/course"),
+    ("sqlite:///gradebook.db", "sqlite:///gradebook.db"),
+])
+def test_the_documented_postgresql_address_opens_with_the_installed_driver(url, opened):
+    """The README's ``postgresql://...`` names no driver; SQLAlchemy 2.1 would pick psycopg 3,
+    which is not installed: the address gets the installed psycopg2, and SQLAlchemy accepts it."""
+    import sqlalchemy
+
+    from firstprinciples.grading import gradebook_url
+
+    assert gradebook_url(url) == opened
+    assert sqlalchemy.engine.make_url(gradebook_url(url)).get_dialect() is not None

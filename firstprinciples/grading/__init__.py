@@ -47,3 +47,18 @@ def require_one_copy(course_root) -> None:
             f"environment uses ({', '.join(sorted(copies))}). Nothing was graded. Install the course folder's "
             f"package (pip install -e {os.path.realpath(course_root)}), or run from the folder it was installed "
             "from.")
+
+
+def gradebook_url(url: str) -> str:
+    """``$FP_GRADEBOOK_URL`` as SQLAlchemy should open it. A PostgreSQL address written the usual
+    way, ``postgresql://user:password@host/dbname`` (the README's), names no driver, and SQLAlchemy
+    2.1 then picks psycopg 3, which the course does not install (``No module named 'psycopg'``):
+    such an address gets the installed driver, psycopg2 (``postgresql+psycopg2://``). An address
+    that names its driver is kept as written."""
+    for plain in ("postgresql://", "postgres://"):
+        if url.startswith(plain):
+            import importlib.util
+
+            if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+                return "postgresql+psycopg2://" + url[len(plain):]
+    return url

@@ -69,7 +69,9 @@ def course_directory(course: Path):
     if (course / "nbgrader_config.py").exists():
         config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
     elif os.environ.get("FP_GRADEBOOK_URL"):
-        config.CourseDirectory.db_url = os.environ["FP_GRADEBOOK_URL"]
+        from . import gradebook_url
+
+        config.CourseDirectory.db_url = gradebook_url(os.environ["FP_GRADEBOOK_URL"])
     config.CourseDirectory.root = str(course.resolve())
     return CourseDirectory(config=config)
 
