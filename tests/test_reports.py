@@ -106,12 +106,12 @@ def students(solution: str) -> dict:
             "late": solution, "broken": NOSHIFT_A}
 
 
-def run_reports(course, *args):
+def run_reports(course, *args, assignment="softmax", ok=True):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NBGRADER", "FP_GRADEBOOK"))}
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "firstprinciples.grading.reports", "softmax",
+    proc = subprocess.run([sys.executable, "-m", "firstprinciples.grading.reports", assignment,
                            "--course", str(course), *args], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (proc.returncode == 0) is ok, proc.stdout + proc.stderr
     return proc, time.monotonic() - started
 
 
@@ -233,3 +233,16 @@ def test_reasons_are_normalised(tmp_path):
     assert cell_reason(cell) == ("wrong by # Your output matches a typical mistake: - dim ignored: the sum runs "
                                  "along the last axis", "dim ignored")
     assert read_notebook(tmp_path / "nope.ipynb") == (None, "missing")
+
+
+
+def test_reports_take_a_pattern_as_autograde_does(graded, tmp_path):
+    """``"*"`` (every assignment of the gradebook), as ``nbgrader autograde "*"`` takes it; a
+    pattern that names nothing is refused with the reason."""
+    course = graded["course"]
+    out = tmp_path / "all"
+    proc, _ = run_reports(course, "--out", str(out), assignment="*")
+    assert (out / "softmax-tests.csv").exists() and (out / "lms.csv").exists(), proc.stdout
+    assert "wrote softmax-tests.csv" in proc.stdout
+    proc, _ = run_reports(course, "--out", str(tmp_path / "none"), assignment="nothing*", ok=False)
+    assert "no assignment 'nothing*'" in proc.stderr

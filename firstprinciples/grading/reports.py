@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import fnmatch
 import glob
 import io
 import itertools
@@ -347,42 +348,45 @@ def main(argv=None) -> int:
     parser.add_argument("--min-size", type=int, default=MIN_SIZE,
                         help="matched normalised characters needed to list a pair (default 100)")
     args = parser.parse_args(argv)
-    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.api import Gradebook
 
     cd = course_directory(args.course)
     out = args.out or args.course / "reports"
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with Gradebook(cd.db_url) as gb:
-        try:
-            gb.find_assignment(args.assignment)
-        except MissingEntry:
+        # a name, or a pattern as autograde takes ("*": every assignment of the gradebook)
+        names = sorted(a.name for a in gb.assignments if fnmatch.fnmatchcase(a.name, args.assignment))
+        if not names:
             print(f"reports: no assignment {args.assignment!r} in the gradebook {cd.db_url}", file=sys.stderr)
             return 2
-        rows, problems = test_table(gb, cd, args.assignment)
+        tables = {name: test_table(gb, cd, name) for name in names}
         header, lms = lms_rows(gb)
         per_test = per_test_rows(gb)
-    _write_csv(out / f"{args.assignment}-tests.csv", list(rows[0]) if rows else ["grade_id"], rows)
-    table = tests_markdown(args.assignment, rows, problems)
-    (out / f"{args.assignment}-tests.md").write_text(table)
     _write_csv(out / "lms.csv", header, lms)
     _write_csv(out / "per-test.csv", ["student_id", "assignment", "notebook", "grade_id", "score", "max_score"],
                per_test)
-    pairs, summary, sim_problems = similarity(cd, args.assignment, args.threshold, args.min_size)
-    _write_csv(out / f"{args.assignment}-similarity.csv",
-               ["assignment", "notebook", "grade_id", "student", "other", "score", "student_share", "other_share",
-                "matched"], pairs)
-    print(table)
-    print(f"similarity (listed: >= {args.threshold:g} alike over >= {args.min_size} normalised characters):")
-    for s in summary:
-        print(f"  {s['grade_id']}: {s['answers']} answers, {s['listed']} pairs listed, "
-              f"{s['too_short']} alike but too short to judge")
-    for p in pairs:
-        print(f"  {p['score']:.2f}  {p['grade_id']}  {p['student']} ~ {p['other']}  ({p['matched']} characters)")
-    for problem in sim_problems:
-        print(f"  not compared: {problem}")
-    print(f"wrote {args.assignment}-tests.csv, {args.assignment}-tests.md, lms.csv ({len(lms)} students), "
-          f"per-test.csv, {args.assignment}-similarity.csv ({len(pairs)} pairs) to {out} "
+    written = []
+    for name in names:
+        rows, problems = tables[name]
+        _write_csv(out / f"{name}-tests.csv", list(rows[0]) if rows else ["grade_id"], rows)
+        table = tests_markdown(name, rows, problems)
+        (out / f"{name}-tests.md").write_text(table)
+        pairs, summary, sim_problems = similarity(cd, name, args.threshold, args.min_size)
+        _write_csv(out / f"{name}-similarity.csv",
+                   ["assignment", "notebook", "grade_id", "student", "other", "score", "student_share", "other_share",
+                    "matched"], pairs)
+        print(table)
+        print(f"similarity (listed: >= {args.threshold:g} alike over >= {args.min_size} normalised characters):")
+        for s in summary:
+            print(f"  {s['grade_id']}: {s['answers']} answers, {s['listed']} pairs listed, "
+                  f"{s['too_short']} alike but too short to judge")
+        for p in pairs:
+            print(f"  {p['score']:.2f}  {p['grade_id']}  {p['student']} ~ {p['other']}  ({p['matched']} characters)")
+        for problem in sim_problems:
+            print(f"  not compared: {problem}")
+        written.append(f"{name}-tests.csv, {name}-tests.md, {name}-similarity.csv ({len(pairs)} pairs)")
+    print(f"wrote {'; '.join(written)}; lms.csv ({len(lms)} students), per-test.csv to {out} "
           f"in {time.monotonic() - started:.1f} s")
     return 0
 
