@@ -526,7 +526,7 @@ def _outcome(check: Check, report: dict, machinery) -> Outcome:
         tampered = [wire.capped(t, 200) for t in (res.get("tampered") or [])[:5]]
         threads = [wire.capped(t, 200) for t in (res.get("threads") or [])[:5]]
         if threads:
-            flags.append(f"{check.name}: {threads[0]} (operators there are watched, Python calls are not)")
+            flags.append(f"{check.name}: {threads[0]} (its operators are watched there, and its Python calls when it was started with threading)")
         if tampered:
             flags.append(f"{check.name}: {tampered[0]}")
             found.append({"error": f"the grader could not watch your code: {tampered[0]}", "tamper": True})
