@@ -373,3 +373,17 @@ def test_a_service_that_does_not_answer_is_given_up():
     finally:
         service._from.close()
         os.close(write)
+
+
+def test_a_syntax_error_and_a_failing_added_cell_are_shown_where_they_are(notebooks, tmp_path):
+    """An unbalanced parenthesis in the answer cell: named with its cell and line (it gave five
+    NameErrors and no line); a cell the student added that raises: reported, not hidden."""
+    nb = nbformat.read(notebooks["correct"], as_version=4)
+    answer = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == NOTEBOOK)
+    answer.source = answer.source.replace("math.sqrt(", "math.sqrt((", 1)
+    nb.cells.append(nbformat.v4.new_code_cell("mine = [1, 2, 3]\nmine[7]\n"))
+    path = tmp_path / "syntax.ipynb"
+    nbformat.write(nb, path)
+    out = run_check(path).stdout
+    assert re.search(rf"SyntaxError in your `{NOTEBOOK}` cell \(code cell \d+\), line \d+: ", out), out
+    assert re.search(r"code cell \d+ \(it starts `mine = \[1, 2, 3\]`\) raised IndexError: list index out of range", out), out

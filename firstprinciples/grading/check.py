@@ -25,6 +25,9 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 CELL = re.compile(r"cell In\[(\d+)\]")
 
 
+MAX_REASON_LINES = 60  # lines of a failing test's reason shown (12 cut off a diagnosis before its mistake)
+
+
 def _cells_by_count(nb) -> dict:
     """Execution count -> how the student finds that cell in their notebook."""
     names, position = {}, 0
@@ -54,6 +57,52 @@ def _kernel_config():
         config.KernelManager.ip = os.path.join(folder, "kernel")
         return config, folder, []
     return config, None, ["--IPKernelApp.log_level=ERROR"]
+
+
+def _where(nb, index: int) -> str:
+    """How the student finds cell ``index``: ``your `softmax` cell (code cell 4)``."""
+    cell = nb.cells[index]
+    position = sum(1 for c in nb.cells[:index + 1] if c.cell_type == "code")
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    if meta.get("solution") and meta.get("grade_id"):
+        return f"your `{meta['grade_id']}` cell (code cell {position})"
+    first = next((ln.strip() for ln in cell.source.splitlines() if ln.strip()), "")
+    return f"code cell {position}" + (f" (it starts `{first[:40]}`)" if first else "")
+
+
+def syntax_errors(nb) -> list[str]:
+    """A line for each code cell that Python cannot compile, with its line: such a cell defines
+    nothing, and every test that needs what it should define fails with a NameError that does not
+    say why (an unbalanced parenthesis gave five of them and no line)."""
+    from .scan import python_source
+
+    out = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        try:
+            compile(python_source(cell.source), "<cell>", "exec")
+        except SyntaxError as err:
+            text = (err.text or "").rstrip()
+            out.append(f"{_where(nb, i)}, line {err.lineno}: {err.msg}" + (f"\n          {text}" if text else ""))
+        except (ValueError, RecursionError, MemoryError) as err:
+            out.append(f"{_where(nb, i)}: Python cannot compile it ({type(err).__name__})")
+    return out
+
+
+def failed_cells(nb) -> list[str]:
+    """A line for each cell that is not a test and raised when it ran: not graded, but what the
+    tests after it need may be missing."""
+    out = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or cell.get("metadata", {}).get("nbgrader", {}).get("grade"):
+            continue
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "error" and o.get("ename") != "SyntaxError":
+                value = ANSI.sub("", str(o.get("evalue", ""))).strip().splitlines()
+                out.append(f"{_where(nb, i)} raised {o.get('ename', 'an error')}" + (f": {value[0][:160]}" if value else ""))
+                break
+    return out
 
 
 def _reason(cell) -> str:
@@ -137,6 +186,11 @@ def check(path: Path, timeout: int = 120, imported: threading.Thread | None = No
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     print(f"Running {path} in a fresh kernel...", flush=True)
+    broken = syntax_errors(nb)
+    if broken:
+        print("Python cannot read these cells: they define nothing, and the tests that need them fail.")
+        for line in broken:
+            print(f"  SyntaxError in {line}")
     # Where the template can be used, the re-check's trusted side runs in a child of it
     # (``verdicts.Service``): this process never imports torch. Elsewhere the reference's results
     # are computed here, after the cells.
@@ -174,8 +228,16 @@ def check(path: Path, timeout: int = 120, imported: threading.Thread | None = No
         if score < points:
             reason = CELL.sub(lambda m: f"{m.group(0)} ({cells[int(m.group(1))]})" if int(m.group(1)) in cells
                               else m.group(0), _reason(cell)).splitlines()
-            line += "\n        " + "\n        ".join(reason[:12])
+            if len(reason) > MAX_REASON_LINES:  # (a diagnosis is never cut: only a very long traceback is)
+                reason = reason[:MAX_REASON_LINES] + [f"... {len(reason) - MAX_REASON_LINES} more lines: "
+                                                      "run the test cell in the notebook to see them all"]
+            line += "\n        " + "\n        ".join(reason)
         print(line)
+    others = [f for f in failed_cells(nb) if not any(f.startswith(b.split(",")[0]) for b in broken)]
+    if others:
+        print("Cells that are not tests but failed (not graded; the tests after them may miss what they define):")
+        for line in others:
+            print(f"  {line}")
     print(f"Visible score: {earned:g}/{total:g}. The grader adds hidden tests to some of these cells.")
     return 0 if earned == total and not changed else 1
 
