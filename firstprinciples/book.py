@@ -72,9 +72,11 @@ def add_local_work_box(app, doctree):
     steps = nodes.enumerated_list()
     for item in (
         _text("Download the notebook: ", download, "."),
-        _text("In a clone of the course repository, install the student set once: ",
-              nodes.literal(text="pip install -r requirements-student.txt"),
-              " (the README's Students section: the CPU build of PyTorch, and nbgrader's extensions off)."),
+        _text("In a clone of the course repository, install the student set once. On Linux, PyTorch's "
+              "CPU build first (PyPI's default there is the CUDA build, several GB): ",
+              nodes.literal(text="pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"),
+              "; then, on every system: ", nodes.literal(text="pip install -r requirements-student.txt"),
+              " (the README's Students section also switches nbgrader's instructor extensions off)."),
         _text("Open the notebook in Jupyter, fill in every cell marked ",
               nodes.literal(text="YOUR CODE HERE"), ", then restart the kernel and run all cells. "
               "Run All stops at the first failing cell."),
