@@ -117,6 +117,9 @@ else:
 # the exchange and names the others (collected by hand or by zip_collect: no
 # submission_secret.txt), instead of aborting for the whole class at the first of them.
 c.ExchangeFactory.release_feedback = "firstprinciples.grading.exchange.TolerantReleaseFeedback"
+# zip_collect: an LMS's time stamps (2026-12-03-14-30-00) read whole, and one unreadable stamp
+# costs that file its time stamp (with a warning), never the collection of the class.
+c.ZipCollectApp.collector_plugin = "firstprinciples.grading.exchange.StampedFileNameCollector"
 # c.Exchange.root = "/srv/nbgrader/exchange"  # nbgrader's default exchange folder
 # Formgrader's autograde button grades in a subprocess (the same `nbgrader autograde` as on the
 # command line) while the Jupyter server keeps answering, and its dialog shows the score and the

@@ -143,3 +143,25 @@ def test_no_false_notes(class_round):
 def test_real_extra_file_is_noted(class_round):
     notes = class_round["grades"]["bob"]["notes"]
     assert "extra files beside the notebook" in notes and "scratch.py" in notes
+
+
+def test_zip_collect_reads_an_lms_time_stamp_whole_and_never_stops_for_one_file(tmp_path):
+    """The README's pattern on an LMS's names: 14-30-00 is 14:30 (stock nbgrader read 14:00),
+    23-59-59 is 23:59:59 (it stopped the whole collection), and a stamp no one can read costs only
+    that file its time stamp, with a warning that names it."""
+    course = make_course(tmp_path)
+    nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
+    answered = nbformat.read(course / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
+    archive = course / "downloaded" / ASSIGNMENT / "archive"
+    archive.mkdir(parents=True)
+    stamps = {"erin": "2024-01-30-14-30-00", "fay": "2024-01-30-23-59-59", "gus": "2024-13-45-99-99-99"}
+    with zipfile.ZipFile(archive / "lms_download.zip", "w") as z:
+        for name, stamp in stamps.items():
+            z.writestr(f"{name}_attempt_{stamp}_{NOTEBOOK}.ipynb", nbformat.writes(answered))
+    proc = nbgrader(course, "zip_collect", ASSIGNMENT, f"--FileNameCollectorPlugin.named_regexp={ZIP_REGEXP}")
+    submitted = course / "submitted"
+    assert (submitted / "erin" / ASSIGNMENT / "timestamp.txt").read_text().startswith("2024-01-30 14:30:00")
+    assert (submitted / "fay" / ASSIGNMENT / "timestamp.txt").read_text().startswith("2024-01-30 23:59:59")
+    assert (submitted / "gus" / ASSIGNMENT / f"{NOTEBOOK}.ipynb").exists()
+    assert not (submitted / "gus" / ASSIGNMENT / "timestamp.txt").exists()
+    assert "'2024-13-45-99-99-99' cannot be read" in proc.stdout + proc.stderr

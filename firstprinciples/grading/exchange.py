@@ -35,6 +35,7 @@ import re
 import shutil
 
 from nbgrader.exchange.default.release_feedback import ExchangeReleaseFeedback
+from nbgrader.plugins import FileNameCollectorPlugin
 from nbgrader.utils import notebook_hash
 
 # Files nbgrader itself writes into a submission folder (see above); they are not
@@ -101,3 +102,47 @@ class TolerantReleaseFeedback(ExchangeReleaseFeedback):
                              line, ", ".join(sorted(not_exchanged)))
         else:
             self.log.info(line)
+
+
+# ---------------------------------------------------------------- zip_collect's time stamps
+_STAMP = re.compile(r"^(\d{4})-(\d{1,2})-(\d{1,2})[-_ T](\d{1,2})[-_:](\d{1,2})(?:[-_:](\d{1,2}))?(?:[.,](\d+))?$")
+
+
+def read_stamp(text: str):
+    """The time a submission's file name says, as nbgrader writes it in ``timestamp.txt``, or
+    None. An LMS writes ``2026-12-03-14-30-00`` (dashes between the time's parts too): nbgrader's
+    parser (dateutil) reads that as 14:00 with a -30 h offset, or fails on ``23-59-59``, and a
+    failure stopped ``nbgrader zip_collect`` for the whole class. Such a stamp is read part by
+    part; any other is left to nbgrader's parser; one neither can read is None."""
+    import datetime
+
+    from nbgrader.utils import parse_utc
+
+    m = _STAMP.match(text.strip())
+    try:
+        if m:
+            parts = [int(p) for p in m.groups()[:6] if p is not None]
+            return datetime.datetime(*parts).strftime("%Y-%m-%d %H:%M:%S")
+        return parse_utc(text).strftime("%Y-%m-%d %H:%M:%S")
+    except (ValueError, OverflowError):
+        return None
+
+
+class StampedFileNameCollector(FileNameCollectorPlugin):
+    """nbgrader's file-name collector (``--FileNameCollectorPlugin.named_regexp`` configures it
+    as before), with the time stamp read whole (``read_stamp``). A stamp that cannot be read
+    costs that file its time stamp, with a warning naming it (lateness unknown: write
+    ``timestamp.txt`` by hand), never the collection of the class."""
+
+    def collect(self, submitted_file):
+        info = super().collect(submitted_file)
+        if info and isinstance(info.get("timestamp"), str):
+            stamp = read_stamp(info["timestamp"])
+            if stamp is None:
+                self.log.warning("%s: its time stamp %r cannot be read; collected without one (its lateness is "
+                                 "not known: write timestamp.txt in its submission folder)",
+                                 submitted_file, info["timestamp"])
+                info = {k: v for k, v in info.items() if k != "timestamp"}
+            else:
+                info["timestamp"] = stamp
+        return info
