@@ -174,7 +174,7 @@ def test_repair_notes_are_shown_to_that_student_only(feedback):
     _, _, pages = feedback
     notes = soup(pages["repaired"]).find(id="notes")
     assert notes is not None
-    assert "repaired" in notes.get_text() and "were put back" in notes.get_text() and "test_dims" in notes.get_text()
+    assert "What the grader noted" in notes.get_text() and "were put back" in notes.get_text() and "test_dims" in notes.get_text()
     assert toc_rows(pages["repaired"])["test_dims"][:2] == ("2 / 2", "passed")
     assert soup(pages["correct"]).find(id="notes") is None
 

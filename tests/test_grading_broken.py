@@ -201,3 +201,22 @@ def test_a_submission_whose_grading_failed_keeps_no_earlier_score(graded, tmp_pa
     row = _export(course)["correct"]
     assert float(row["score"]) == 0 and "not graded: the grader stopped on this submission" in row["notes"], row
     assert float(_export(course)["renamed_notebook"]["score"]) == 10  # (the others are untouched)
+
+
+def test_the_grading_summary_names_each_kind_and_its_students():
+    """A kernel death, a cell Python cannot read and an untouched answer are each called what they
+    are (they counted as "repaired"), and each entry names the student and the assignment."""
+    from firstprinciples.grading import gradelog
+
+    results = [
+        {"student": "ada", "assignment": "softmax", "score": 0, "max_score": 10,
+         "notes": ["test_dims: the kernel died (it crashed, exited, or went over the memory or CPU limit)"]},
+        {"student": "bob", "assignment": "qkv", "score": 0, "max_score": 12,
+         "notes": ["syntax error in softmax, line 3: '(' was never closed", "unanswered: softmax (still as released)"]},
+        {"student": "cy", "assignment": "softmax", "score": 10, "max_score": 10,
+         "notes": ["missing cells put back from the source: test_dims"]},
+    ]
+    text = gradelog.summary(results, 3)
+    rows = {line.split("  ")[1].strip(): line for line in text.splitlines()[1:]}
+    assert "ada (softmax)" in rows["kernel died"] and "bob (qkv)" in rows["unreadable cell"]
+    assert "bob (qkv)" in rows["unanswered"] and rows["repaired"].split()[-2:] == ["cy", "(softmax)"]

@@ -1,7 +1,7 @@
 """No grade depends on the order of grading or on the number of workers.
 
-The same eight softmax submissions (right, wrong, forbidden, untouched, crashing, hanging for a
-while, and honest but unusual) are graded twice, in two course folders: once by one worker in
+The same nine softmax submissions (right, wrong, forbidden, untouched, crashing, slow, unreadable,
+and honest but unusual) are graded twice, in two course folders: once by one worker in
 one order, once by three workers in the reverse order (the students' ids are renamed so that
 nbgrader's sorted order is reversed). Every submission must get the same score and the same
 notes both times. A grade that depended on what a worker graded before (a template that had
@@ -30,6 +30,7 @@ ANSWERS = {
                "    return e / e.sum(dim=dim, keepdim=True)\n\ndisplay(softmax(torch.zeros(3)))\n",
     "wrong_dim": "import torch\n\ndef softmax(x, dim=-1):\n    e = torch.exp(x - x.amax(-1, keepdim=True))\n"
                  "    return e / e.sum(-1, keepdim=True)\n",
+    "syntax": "def softmax(x, dim=-1):\n    return (x.exp()\n",
 }
 
 
@@ -72,4 +73,13 @@ def test_the_grades_are_the_expected_ones(two_gradings):
     """(So that the comparison above is of real grades: the right answers score 10, the rest less.)"""
     one, _ = two_gradings
     assert one["right"][0] == one["display"][0] == one["slowish"][0] == 10, one
-    assert all(one[k][0] < 10 for k in ("wrong", "forbidden", "untouched", "crashing", "wrong_dim")), one
+    assert all(one[k][0] < 10 for k in ("wrong", "forbidden", "untouched", "crashing", "wrong_dim", "syntax")), one
+
+
+def test_a_zero_says_why_in_the_notes(two_gradings):
+    """An untouched answer and a cell Python cannot read each get a reason in grades.csv's notes
+    (they had an empty notes column)."""
+    one, _ = two_gradings
+    assert "unanswered: softmax" in one["untouched"][1], one["untouched"]
+    assert "syntax error in softmax, line 2: '(' was never closed" in one["syntax"][1], one["syntax"]
+    assert one["right"][1] == "", one["right"]

@@ -71,22 +71,14 @@ def _where(nb, index: int) -> str:
 
 
 def syntax_errors(nb) -> list[str]:
-    """A line for each code cell that Python cannot compile, with its line: such a cell defines
-    nothing, and every test that needs what it should define fails with a NameError that does not
-    say why (an unbalanced parenthesis gave five of them and no line)."""
-    from .scan import python_source
+    """A line for each code cell that Python cannot compile (``scan.unreadable_cells``), with its
+    line: an unbalanced parenthesis gave five NameErrors and no line."""
+    from .scan import unreadable_cells
 
     out = []
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
-        try:
-            compile(python_source(cell.source), "<cell>", "exec")
-        except SyntaxError as err:
-            text = (err.text or "").rstrip()
-            out.append(f"{_where(nb, i)}, line {err.lineno}: {err.msg}" + (f"\n          {text}" if text else ""))
-        except (ValueError, RecursionError, MemoryError) as err:
-            out.append(f"{_where(nb, i)}: Python cannot compile it ({type(err).__name__})")
+    for i, line, msg, text in unreadable_cells(nb):
+        out.append(f"{_where(nb, i)}" + (f", line {line}" if line else "") + f": {msg}"
+                   + (f"\n          {text}" if text else ""))
     return out
 
 

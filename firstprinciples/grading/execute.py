@@ -180,6 +180,21 @@ class RobustExecute(Execute):
                 self._service.release()  # (kept for this process's next notebook)
                 self._service = None
         self.set_widgets_metadata()
+        self._note_zeros()
+
+    def _note_zeros(self) -> None:
+        """A note for what makes a zero without saying why in grades.csv: a cell Python cannot read
+        (its cell and line) and an answer cell left as released (``raise NotImplementedError``)."""
+        for index, line, msg, _ in scan.unreadable_cells(self.nb):
+            cell = self.nb.cells[index]
+            position = sum(1 for c in self.nb.cells[:index + 1] if c.cell_type == "code")
+            name = _grade_id(cell) or f"code cell {position}"
+            self._add_note(f"syntax error in {name}" + (f", line {line}" if line else "") + f": {msg}")
+        left = [_grade_id(c) for c in self.nb.cells if c.cell_type == "code"
+                and c.get("metadata", {}).get("nbgrader", {}).get("solution")
+                and "raise NotImplementedError" in c.source and _grade_id(c)]
+        if left:
+            self._add_note(f"unanswered: {', '.join(left)} (still as released)")
 
     async def async_start_new_kernel(self, **kwargs) -> None:
         await super().async_start_new_kernel(**kwargs)

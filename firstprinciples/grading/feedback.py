@@ -19,8 +19,8 @@ the reason of a failure on one unwrapped line, and MathJax loaded from a CDN
   "generate feedback" button uses it too), and LaTeX in markdown rendered to MathML at feedback time
   (``latex2mathml``): no script at all, nothing fetched.
 
-The page: the notebook's score, the notes ("your notebook was repaired before
-grading: ..."), a table of the tests by name (grade_id) with their points and
+The page: the notebook's score, the notes ("What the grader noted about your notebook: ..."),
+a table of the tests by name (grade_id) with their points and
 the first line of each failure's reason; then the notebook, each test cell
 headed by its name and points, the reason first (wrapped), the test's source
 and the student's frames folded below it.

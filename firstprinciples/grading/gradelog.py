@@ -111,14 +111,25 @@ def line(done: int, total: int, res: dict) -> str:
     return text
 
 
+KINDS = ("timed out", "kernel died", "unreadable cell", "unanswered", "repaired", "flagged")
+
+
 def kinds(res: dict) -> set[str]:
-    """What the notes of a result say happened: timed out, flagged, repaired."""
+    """What the notes of a result say happened (``KINDS``): a note is "repaired" only when it is
+    none of the others (a kernel death, a cell Python cannot read or an untouched answer is not a
+    repair)."""
     out = set()
     for note in res.get("notes") or []:
         if "timed out" in note or "did not finish within" in note or "did not return within" in note:
             out.add("timed out")
         elif "FLAGGED" in note:
             out.add("flagged")
+        elif "the kernel died" in note:
+            out.add("kernel died")
+        elif note.startswith("syntax error in "):
+            out.add("unreadable cell")
+        elif note.startswith("unanswered: "):
+            out.add("unanswered")
         elif "failed at once" not in note:
             out.add("repaired")
     return out
@@ -130,9 +141,10 @@ def summary(results: list[dict], total: int, failed: list[str] = (), missing: li
             and float(r["score"]) >= float(r["max_score"])]
     zero = [r for r in results if r.get("score") is not None and float(r["score"]) == 0]
     rows = [("graded", len(results), f"of {total}"), ("full marks", len(full), ""), ("zero", len(zero), "")]
-    for kind in ("timed out", "repaired", "flagged"):
-        who = [r["student"] for r in results if kind in kinds(r)]
-        rows.append((kind, len(who), ", ".join(who[:10]) + (" ..." if len(who) > 10 else "")))
+    for kind in KINDS:
+        who = [f"{r['student']} ({r.get('assignment', '?')})" for r in results if kind in kinds(r)]
+        if who or kind in ("timed out", "repaired", "flagged"):
+            rows.append((kind, len(who), ", ".join(who[:10]) + (" ..." if len(who) > 10 else "")))
     if missing:  # skipped (no notebook in the folder) or stopped by an error: see the lines above
         rows.append(("not graded", len(missing), ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")))
     if failed:

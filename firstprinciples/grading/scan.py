@@ -181,3 +181,20 @@ def dependencies(infos: list[CellInfo], name: str) -> list[CellInfo]:
                 out.add(c.index)
                 todo.extend(c.loads - seen)
     return [c for c in usable if c.index in out]
+
+
+def unreadable_cells(nb) -> list[tuple[int, int | None, str, str]]:
+    """(cell index, line, message, the line's text) for each code cell Python cannot compile: it
+    defines nothing, and the tests that need what it should define fail with a NameError that
+    does not say why."""
+    out = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        try:
+            compile(python_source(cell.source), "<cell>", "exec")
+        except SyntaxError as err:
+            out.append((i, err.lineno, str(err.msg), (err.text or "").rstrip()))
+        except (ValueError, RecursionError, MemoryError) as err:
+            out.append((i, None, f"Python cannot compile it ({type(err).__name__})", ""))
+    return out
