@@ -59,26 +59,28 @@ _threading_setprofile = threading.setprofile  # (threads the student starts duri
 _BASELINE_THREADS = frozenset(_current_frames())
 
 
-def family(pattern: str):
+def family(pattern: str, ignore_case: bool = False):
     """The operators and functions a forbidden pattern stands for, as one compiled regex matched
-    anywhere in a name, case-insensitively: a snake_case pattern's words in order, with any words
-    between them, so "scaled_dot_product_attention" is also ``aten::_scaled_dot_product_flash_
-    attention_for_cpu`` and ``_scaled_dot_product_efficient_attention`` (every kernel of the
-    family, whatever its prefix or suffix), "rms_norm" ``aten::_fused_rms_norm``; a CamelCase one
-    (a class: "RMSNorm") is matched as written."""
+    anywhere in a name: a snake_case pattern's words in order, with any words between them, so
+    "scaled_dot_product_attention" is also ``aten::_scaled_dot_product_flash_attention_for_cpu``
+    and ``_scaled_dot_product_efficient_attention`` (every kernel of the family, whatever its
+    prefix or suffix), "rms_norm" ``aten::_fused_rms_norm``; a CamelCase one (a class: "RMSNorm")
+    is matched as written. Python names are matched with their case (the class "RNN" is not the
+    helper ``setup_rnn``); operator names, lower case, without (``ignore_case``)."""
     words = [re.escape(w) for w in pattern.split("_") if w]
-    return re.compile(r"(?:_[a-z0-9]+)*_".join(words), re.IGNORECASE)
+    return re.compile(r"(?:_[a-z0-9]+)*_".join(words), re.IGNORECASE if ignore_case else 0)
 
 
 _FAMILIES: dict = {}
 
 
-def in_family(name: str, patterns) -> bool:
-    """Whether ``name`` (an operator, a function's qualified name) belongs to a forbidden family."""
+def in_family(name: str, patterns, ignore_case: bool = False) -> bool:
+    """Whether ``name`` (a function's qualified name; an operator's with ``ignore_case``) belongs to
+    a forbidden family."""
     for p in patterns:
-        rx = _FAMILIES.get(p)
+        rx = _FAMILIES.get((p, ignore_case))
         if rx is None:
-            rx = _FAMILIES[p] = family(p)
+            rx = _FAMILIES[(p, ignore_case)] = family(p, ignore_case)
         if rx.search(name):
             return True
     return False
@@ -337,7 +339,8 @@ class Watch:
         main_tid = next((tid for name, tid in names if name == START_OP), None)
         if START_OP not in ops or END_OP not in ops or ops.index(START_OP) > len(ops) - 1 - ops[::-1].index(END_OP):
             seen.tampered.append("torch's operator profiler was stopped or restarted while your code ran")
-        matched = {name for name in set(ops) if name not in (START_OP, END_OP) and in_family(name, self.patterns)}
+        matched = {name for name in set(ops) if name not in (START_OP, END_OP)
+                   and in_family(name, self.patterns, ignore_case=True)}
         elsewhere = main_tid is not None and any(tid != main_tid for tid in {tid for _, tid in names})
         if not (matched or elsewhere):
             return self._judge_threads(seen)
