@@ -265,8 +265,8 @@ class Watch:
     def __init__(self, torch_patterns=(), pieces=(), codes: dict | None = None):
         self.patterns = tuple(torch_patterns)
         self.codes = forbidden_python(self.patterns, pieces) if codes is None else codes
-        # (a call's whole key is worked out only when its bytecode is one of these: every call of
-        # the window passes through the hook)
+        # (a call's whole key is worked out only when its names and argument count are one of
+        # these: every call of the window passes through the hook)
         self._quick = frozenset([_CANARY_QUICK, *(k[:2] for k in self.codes)])
         self.seen = Seen()
 
