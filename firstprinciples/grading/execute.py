@@ -184,12 +184,20 @@ class RobustExecute(Execute):
 
     def _note_zeros(self) -> None:
         """A note for what makes a zero without saying why in grades.csv: a cell Python cannot read
-        (its cell and line) and an answer cell left as released (``raise NotImplementedError``)."""
-        for index, line, msg, _ in scan.unreadable_cells(self.nb):
-            cell = self.nb.cells[index]
-            position = sum(1 for c in self.nb.cells[:index + 1] if c.cell_type == "code")
-            name = _grade_id(cell) or f"code cell {position}"
-            self._add_note(f"syntax error in {name}" + (f", line {line}" if line else "") + f": {msg}")
+        (its cell and line) and an answer cell left as released (``raise NotImplementedError``).
+        Read from what the kernel said when it compiled each cell (no second compilation here)."""
+        position = 0
+        for cell in self.nb.cells:
+            if cell.cell_type != "code":
+                continue
+            position += 1
+            for out in cell.get("outputs", []):
+                if out.get("output_type") == "error" and out.get("ename") in _UNREADABLE:
+                    found = _WHERE.search(str(out.get("evalue", "")))
+                    msg = _WHERE.sub("", str(out.get("evalue", ""))).strip()
+                    line = f", line {found.group(1)}" if found else ""
+                    self._add_note(f"syntax error in {_grade_id(cell) or f'code cell {position}'}{line}: {msg}")
+                    break
         left = [_grade_id(c) for c in self.nb.cells if c.cell_type == "code"
                 and c.get("metadata", {}).get("nbgrader", {}).get("solution")
                 and "raise NotImplementedError" in c.source and _grade_id(c)]
@@ -481,6 +489,10 @@ class RobustExecute(Execute):
             finally:
                 self.timeout = saved
                 self.nb.cells[i] = original  # nbclient stored the shadow in its place
+
+
+_UNREADABLE = ("SyntaxError", "IndentationError", "TabError")
+_WHERE = re.compile(r"\s*\([^()]*, line (\d+)\)\s*$")  # IPython's "(<file>, line N)" after the message
 
 
 def _grade_id(cell) -> str:
