@@ -17,7 +17,7 @@ from probetable import agreement_params, expected_failures, trusted_failures
 
 import test_checks_capstone as T
 from course import SOLUTIONS
-from firstprinciples.grading import probes, wire
+from firstprinciples.grading import observe, probes, wire
 from firstprinciples.grading.runtime import report
 
 NOTEBOOK = "capstone/capstone.ipynb"
@@ -195,8 +195,13 @@ def encoded_results(name, ns, seed=0):
 def test_results_are_small(name):
     ns = solution_namespace()
     _, rep = encoded_results(name, ns)
-    assert all("outputs" in r and not r["hits"] for r in rep["results"]), rep["results"]
-    assert len(wire.dumps(rep)) < 100_000
+    probe = probes.load()[name]
+    table = observe.forbidden_python(**probe.watch())
+    assert all("outputs" in r for r in rep["results"]), rep["results"]
+    assert not [observe.judge(observe.expand(r["seen"], rep["codes"]), probe.watch()["torch_patterns"], table)[0]
+                for r in rep["results"] if observe.judge(observe.expand(r["seen"], rep["codes"]),
+                                                         probe.watch()["torch_patterns"], table)[0]]
+    assert len(wire.dumps(rep)) < 200_000  # (the outputs and what the watch saw, raw: a few hundred functions)
 
 
 def test_model_judge_uses_the_checks_numbers():

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import builtins
 import gc
+import hashlib
 import os
 import re
 import sys
@@ -86,29 +87,62 @@ def in_family(name: str, patterns, ignore_case: bool = False) -> bool:
     return False
 
 
-def _quick(code):
-    """A cheap first look at a call (every call of a watched window): only a code whose names
-    and argument count are those of a forbidden one is keyed in full."""
-    return (code.co_names, code.co_argcount)
+# ---------------------------------------------------------------- what a Python call is
+# The runner reports every Python function called during a case by three facts, and the grader
+# (never the runner: no table that decides is in the student's process) matches them against the
+# functions a piece must not call:
+# - ``consts``: the identity of its code's constants tuple. Every code object derived from a
+#   function's code (``code.replace``: its first line moved, another file, another name) shares
+#   it (with the same bytecode and names: the pair is the key); code compiled from source never does. The runner sends the identities of the forbidden
+#   functions it holds *before any student code runs* (``identities``), so a table emptied or
+#   rewritten later changes nothing the grader holds;
+# - ``place``: the file inside ``torch/`` or ``firstprinciples/`` and the qualified name, so a
+#   module imported again (new objects, the same file) is still recognised;
+# - ``digest``: the code without its names, file and line numbers (bytecode, names, local names,
+#   constants): a long function pasted verbatim is the same code. Only flagged for an
+#   instructor, never a zero: a student may write a short function token for token as the
+#   course did (``return x @ W_q, x @ W_k, x @ W_v``), and a copy is left to a person to judge.
+DIGEST_FLOOR = 200  # bytes of bytecode (about eight lines) below which equal code proves nothing
+_ROOTS = (os.sep + "firstprinciples" + os.sep, os.sep + "torch" + os.sep)
 
 
-def _exact(code) -> tuple:
-    return _quick(code) + ("at", code.co_filename, code.co_firstlineno, code.co_code)
+def _const(value, h) -> None:
+    if isinstance(value, types.CodeType):
+        h.update(b"c" + digest(value).encode())
+    elif isinstance(value, (tuple, frozenset)):
+        items = list(value)
+        parts = []
+        for v in items:
+            inner = hashlib.blake2b(digest_size=12)
+            _const(v, inner)
+            parts.append(inner.digest())
+        h.update((b"t" if isinstance(value, tuple) else b"f") + b"".join(parts if isinstance(value, tuple) else sorted(parts)))
+    else:  # (str, bytes, numbers, None, Ellipsis: their repr is their value, whatever the hash seed)
+        h.update(type(value).__name__.encode() + repr(value)[:100_000].encode())
 
 
-def _keys(f) -> list:
-    """The keys under which a call of the forbidden function ``f`` is recognised:
-    - where it is (file, first line, bytecode): the function itself, or a copy of its code under
-      another name;
-    - what it was made from: its constants tuple, which every code object derived from its code
-      (``code.replace(...)``: its first line moved, another file, another name) shares, and which
-      no code compiled from source ever does (an honest one-line ``return self.net(x)``, written
-      like the reference's, has constants of its own).
-    The reference's source typed or pasted into a cell and compiled there is new code: the watch
-    does not call it the reference (the similarity report finds copies; the student bundle holds
-    no reference implementation)."""
-    code = f.__code__
-    return [_exact(code), _quick(code) + ("made from", id(code.co_consts))]
+def digest(code) -> str:
+    """The code without its names, file and line numbers (equal for a verbatim copy, compiled anywhere)."""
+    h = hashlib.blake2b(digest_size=12)
+    h.update(repr((code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags & 0xFF,
+                   code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)).encode())
+    h.update(code.co_code)
+    for c in code.co_consts:
+        _const(c, h)
+    return h.hexdigest()
+
+
+def place(code) -> str:
+    """``torch/nn/functional.py:softmax``: where a function of torch or of the course is defined,
+    whatever folder holds that copy ("" for any other code)."""
+    name = code.co_filename
+    at = max(name.rfind(r) for r in _ROOTS)
+    return "" if at < 0 else name[at + 1:].replace(os.sep, "/") + ":" + code.co_qualname
+
+
+def facts(code) -> list:
+    """What the runner reports of one Python function it saw called: [consts, digest, place, size]."""
+    return [id(code.co_consts), digest(code), place(code), len(code.co_code)]
 
 
 def _canary():
@@ -116,8 +150,7 @@ def _canary():
     return None
 
 
-_CANARY_KEY = _exact(_canary.__code__)
-_CANARY_QUICK = _quick(_canary.__code__)
+_CANARY_CODE = _canary.__code__
 
 
 def _functions(obj, depth=0):
@@ -125,8 +158,8 @@ def _functions(obj, depth=0):
     import types
 
     out = []
-    if isinstance(obj, (staticmethod, classmethod)):
-        obj = obj.__func__
+    if isinstance(obj, (staticmethod, classmethod, property)):
+        obj = obj.fget if isinstance(obj, property) else obj.__func__
     if isinstance(obj, types.FunctionType):
         seen = 0
         while isinstance(obj, types.FunctionType) and seen < 5:
@@ -147,15 +180,41 @@ def _functions(obj, depth=0):
     return out
 
 
-def forbidden_python(torch_patterns=(), pieces=()) -> dict:
-    """Code key -> qualified name of every Python function that a piece must not call:
-    torch.nn's functions and classes whose qualified name holds one of ``torch_patterns``
-    and the course's reference pieces named in ``pieces`` (computed once per set of names,
-    in the runner before any student code)."""
+def _codes(code):
+    """A code object and every code nested in it (its inner functions and classes)."""
+    yield code
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from _codes(c)
+
+
+@dataclass
+class Table:
+    """The Python functions a piece must not call, by the three facts above: consts identity ->
+    name (of this process's objects), place -> name, digest -> name (long functions only)."""
+    ids: dict = field(default_factory=dict)
+    places: dict = field(default_factory=dict)
+    digests: dict = field(default_factory=dict)
+
+    def add(self, code, name: str) -> None:
+        for c in _codes(code):
+            if c.co_consts:  # (the empty tuple is one object shared by all code without constants)
+                self.ids[f"{id(c.co_consts)}:{digest(c)}"] = name
+            if place(c):
+                self.places[place(c)] = name
+            if len(c.co_code) >= DIGEST_FLOOR:
+                self.digests[digest(c)] = name
+
+
+def forbidden_python(torch_patterns=(), pieces=()) -> Table:
+    """Every Python function that a piece must not call: torch.nn's functions and classes whose
+    qualified name holds one of ``torch_patterns``, the course's reference pieces named in
+    ``pieces``, and every implementation the course keeps for its own tests (the checks' and the
+    probes' reference functions and models), whatever the piece (computed once per set of names)."""
     key = (tuple(torch_patterns), tuple(pieces))
     if key not in _FORBIDDEN:
         _FORBIDDEN[key] = _forbidden_python(*key)
-    return dict(_FORBIDDEN[key])
+    return _FORBIDDEN[key]
 
 
 _FORBIDDEN: dict = {}
@@ -163,7 +222,7 @@ _NN_FUNCTIONS: dict = {}  # loaded torch.nn modules -> their functions
 
 
 def _torch_nn_functions() -> list:
-    """(code key, qualified name) of every Python function that torch.nn's loaded modules
+    """(function, qualified name) of every Python function that torch.nn's loaded modules
     (and torch.functional) define, their classes' methods included; looked for once for all
     the pieces' patterns, again only when another such module has been loaded."""
     names = tuple(n for n, m in list(sys.modules.items())
@@ -174,27 +233,108 @@ def _torch_nn_functions() -> list:
             for value in list(vars(sys.modules[name]).values()):
                 for f in _functions(value):
                     if f.__module__ == name:
-                        found.extend((key, f"{f.__module__}.{f.__qualname__}") for key in _keys(f))
+                        found.append((f, f"{f.__module__}.{f.__qualname__}"))
         _NN_FUNCTIONS.clear()
         _NN_FUNCTIONS[names] = found
     return _NN_FUNCTIONS[names]
 
 
-def _forbidden_python(torch_patterns, pieces) -> dict:
+# The course's own implementations, kept for its tests and never part of an answer: any piece
+# that calls one is calling the course's work (the red team's ``checks.modern_block.reference_rmsnorm``
+# in a modern block, the capstone probe's attention module in multi-head attention).
+COURSE_IMPLEMENTATIONS = ("firstprinciples.checks", "firstprinciples.grading.probes", "firstprinciples.capstone.model",
+                          "firstprinciples.lengths.model")
+
+
+def _course_implementations() -> list:
+    """(function or code, name) of every implementation the course keeps for itself: the model
+    classes of its model files, the ``reference*`` functions of the checks' and probes' modules
+    and the probes' own model classes (``Probe*``, defined inside a probe's functions)."""
+    import importlib
+    import pkgutil
+
+    out = []
+    for root in COURSE_IMPLEMENTATIONS:
+        try:
+            module = importlib.import_module(root)
+        except ImportError:  # pragma: no cover (a course without that part)
+            continue
+        package = hasattr(module, "__path__")
+        names = [f"{root}.{m.name}" for m in pkgutil.iter_modules(module.__path__)] if package else [root]
+        for name in names:
+            try:
+                mod = importlib.import_module(name)
+            except ImportError:  # pragma: no cover
+                continue
+            for attr, value in list(vars(mod).items()):
+                if getattr(value, "__module__", None) != name:
+                    continue
+                if not package:  # a model file: its classes
+                    if isinstance(value, type):
+                        out.extend((f, f"{name}.{attr}") for f in _functions(value))
+                elif attr.startswith(("reference", "_reference")):
+                    out.extend((f, f"{name}.{attr}") for f in _functions(value))
+                elif isinstance(value, types.FunctionType):
+                    for c in _codes(value.__code__):
+                        inner = c.co_qualname.split(".<locals>.")[-1]
+                        if "<locals>" in c.co_qualname and inner.startswith("Probe"):
+                            out.append((c, f"{name}.{inner}"))
+    return out
+
+
+def _forbidden_python(torch_patterns, pieces) -> Table:
     import firstprinciples.reference as reference
 
-    out = {}
+    table = Table()
     if torch_patterns:
-        for key, qual in _torch_nn_functions():
+        for f, qual in _torch_nn_functions():
             if in_family(qual, torch_patterns):
-                out[key] = qual
+                table.add(f.__code__, qual)
     folder = os.path.dirname(reference.__file__) + os.sep
     for piece in pieces:
         obj = getattr(reference, piece, None)
         for f in _functions(obj) if obj is not None else ():
             if f.__code__.co_filename.startswith(folder):  # not the marking wrapper that every piece shares
-                out.update(dict.fromkeys(_keys(f), f"firstprinciples.reference.{piece}"))
-    return out
+                table.add(f.__code__, f"firstprinciples.reference.{piece}")
+    for f, qual in _course_implementations():
+        code = f if isinstance(f, types.CodeType) else f.__code__
+        module = sys.modules.get(qual.rpartition(".")[0]) or sys.modules.get(qual.rsplit(".", 2)[0])
+        if module is not None and code.co_filename == getattr(module, "__file__", None):  # (not a shared wrapper)
+            table.add(code, qual)
+    return table
+
+
+def identities(table: Table) -> list:
+    """What the runner sends before any student code: [consts identity, name] of each forbidden
+    function it holds (the grader matches the calls it reports later against these)."""
+    return [[i, n] for i, n in table.ids.items()]
+
+
+def judge(seen: dict, patterns, table: Table, ids: dict | None = None) -> tuple[list, list]:
+    """(hits, copies) of one case's raw observation ``seen`` (what ``Seen.raw`` gives, read back
+    from the runner): hits are (what, where) of every forbidden operator, torch function or
+    Python function; copies, (what, where) of code equal to a long forbidden function's. ``ids``:
+    the identities the runner sent before any student code (default: this process's)."""
+    ids = table.ids if ids is None else ids
+    hits, copies = [], []
+    for name in seen.get("ops") or ():
+        if isinstance(name, str) and in_family(name, patterns, ignore_case=True):
+            hits.append((name, None))
+    for item in seen.get("functions") or ():
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and in_family(item[0], patterns):
+            hits.append((item[0], item[1] if isinstance(item[1], str) else None))
+    for item in seen.get("codes") or ():
+        if not (isinstance(item, list) and len(item) == 5):
+            continue
+        consts, dig, where_, at, size = item
+        where_ = where_ if isinstance(where_, str) else None
+        name = ids.get(f"{consts}:{dig}") if isinstance(consts, int) and isinstance(dig, str) else None
+        name = name or (table.places.get(at) if isinstance(at, str) and at else None)
+        if name:
+            hits.append((name, where_))
+        elif isinstance(dig, str) and dig in table.digests:
+            copies.append((table.digests[dig], where_))
+    return hits, copies
 
 
 def where(frame) -> str | None:
@@ -209,9 +349,56 @@ def where(frame) -> str | None:
 
 @dataclass
 class Seen:
-    hits: list = field(default_factory=list)  # (what, where or None), forbidden calls
+    hits: list = field(default_factory=list)  # (what, where or None), forbidden calls (with a table only)
+    copies: list = field(default_factory=list)  # (what, where or None), code equal to a forbidden function's
     tampered: list = field(default_factory=list)  # why the observation cannot be trusted
     threads: list = field(default_factory=list)  # other threads that ran during the window
+    ops: list = field(default_factory=list)  # every operator name the profiler recorded
+    functions: dict = field(default_factory=dict)  # torch function name -> where it was first called
+    calls: dict = field(default_factory=dict)  # id(code) -> (code, where it was first called)
+
+    def raw(self, codes: "Codes | None" = None) -> dict:
+        """The observation as plain data, nothing judged: the operators, the torch functions with
+        their lines and the Python functions (their facts, or indices into ``codes``)."""
+        out = {"ops": list(self.ops), "functions": [[n, w] for n, w in self.functions.items()]}
+        if codes is None:
+            out["codes"] = [(lambda f: [f[0], f[1], w, f[2], f[3]])(facts(c)) for c, w in self.calls.values()]
+        else:
+            out["code_ids"] = [codes.index(c, w) for c, w in self.calls.values()]
+        return out
+
+
+class Codes:
+    """The Python functions a piece's cases called, each reported once (its facts) and named by
+    its index in each case (a model's forward calls the same hundred functions in every case)."""
+
+    def __init__(self):
+        self.table: list = []  # [consts, digest, where, place, size]
+        self._index: dict = {}
+        self._held: list = []  # (the code objects, so that no identity is reused while this lives)
+
+    def index(self, code, where_) -> int:
+        i = self._index.get(id(code))
+        if i is None:
+            consts, dig, at, size = facts(code)
+            i = self._index[id(code)] = len(self.table)
+            self.table.append([consts, dig, where_, at, size])
+            self._held.append(code)
+        return i
+
+
+def expand(result: dict, table: list) -> dict:
+    """A case's raw observation with its ``code_ids`` turned back into the facts of ``table``
+    (read from the runner: anything malformed is dropped)."""
+    out = {"ops": result.get("ops"), "functions": result.get("functions")}
+    ids = result.get("code_ids")
+    codes = []
+    if isinstance(ids, list) and isinstance(table, list):
+        for i in ids[:100_000]:
+            if isinstance(i, int) and 0 <= i < len(table) and isinstance(table[i], list):
+                codes.append(table[i])
+    out["codes"] = codes
+    return out
 
 
 _MARKS = ("torch.special.entr", "torch.special.erfcx")
@@ -222,7 +409,7 @@ _MARKS = ("torch.special.entr", "torch.special.erfcx")
 # function and descriptor types are looked up or stored: their equality is Python's (a fresh
 # ``Tensor.shape.__get__`` equals the last one), and an object of the student's, with an
 # __eq__ and __hash__ of its own, never meets the cache, so it cannot pass for a function.
-_PLAIN, _MARK, _HIT = 0, 1, 2
+_PLAIN, _MARK = 0, 1
 _KINDS_MAX = 20_000
 _CACHEABLE = frozenset({types.BuiltinFunctionType, types.MethodDescriptorType, types.MethodWrapperType,
                         types.WrapperDescriptorType, types.FunctionType, types.GetSetDescriptorType,
@@ -230,16 +417,14 @@ _CACHEABLE = frozenset({types.BuiltinFunctionType, types.MethodDescriptorType, t
 
 
 class _Mode(TorchFunctionMode):
-    def __init__(self, patterns, seen: Seen):
+    def __init__(self, seen: Seen):
         super().__init__()
-        self.patterns, self.seen, self.marks = patterns, seen, set()
+        self.seen, self.marks = seen, set()
         self.kinds: dict = {}  # func -> (kind, name), for this window only
 
     def _kind(self, func) -> tuple:
         name = resolve_name(func) or getattr(func, "__name__", repr(func))
-        if name in _MARKS:
-            return _MARK, name
-        return (_HIT if in_family(name, self.patterns) else _PLAIN), name
+        return (_MARK if name in _MARKS else _PLAIN), name
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if type(func) in _CACHEABLE:
@@ -253,42 +438,37 @@ class _Mode(TorchFunctionMode):
             kind, name = self._kind(func)
         if kind == _MARK:
             self.marks.add(name)
-        elif kind == _HIT:
-            self.seen.hits.append((name, where(_getframe(1))))
+        elif name not in self.seen.functions and len(self.seen.functions) < _KINDS_MAX:
+            self.seen.functions[str(name)] = where(_getframe(1))
         return func(*args, **(kwargs or {}))
 
 
 class Watch:
-    """``with Watch(torch_patterns, pieces) as seen:`` run one case; ``seen`` is complete
-    when the block ends. ``codes`` (from ``forbidden_python``) may be passed to share work."""
+    """``with Watch() as seen:`` run one case; ``seen`` is complete when the block ends. It
+    records, and decides nothing: the operators, the torch functions and the Python functions
+    called (``Seen.raw``), whether each observer stayed on, and other threads. Given the
+    forbidden ``torch_patterns`` and reference ``pieces`` (a test, a check in this process),
+    it also judges what it saw (``seen.hits``, ``seen.copies``) with ``judge``, as the grader
+    does with what a runner reports."""
 
-    def __init__(self, torch_patterns=(), pieces=(), codes: dict | None = None):
+    def __init__(self, torch_patterns=(), pieces=(), table: Table | None = None):
         self.patterns = tuple(torch_patterns)
-        self.codes = forbidden_python(self.patterns, pieces) if codes is None else codes
-        # (a call's whole key is worked out only when its names and argument count are one of
-        # these: every call of the window passes through the hook)
-        self._quick = frozenset([_CANARY_QUICK, *(k[:2] for k in self.codes)])
+        self.table = table if table is not None else (forbidden_python(self.patterns, pieces)
+                                                      if (torch_patterns or pieces) else None)
         self.seen = Seen()
 
     def _hook(self, frame, event, arg):
         if event == "call":
             code = frame.f_code
-            quick = (code.co_names, code.co_argcount)
-            if quick not in self._quick:
-                return
-            exact = quick + ("at", code.co_filename, code.co_firstlineno, code.co_code)
-            if exact == _CANARY_KEY:
-                self._canary_seen = True
-                return
-            qual = self.codes.get(exact) or self.codes.get(quick + ("made from", id(code.co_consts)))
-            if qual is not None:
-                self.seen.hits.append((qual, where(frame.f_back)))
+            calls = self._calls
+            if id(code) not in calls:
+                calls[id(code)] = (code, where(frame.f_back))
 
     def __enter__(self) -> Seen:
-        self._canary_seen = False
         self._main = _get_ident()
         self._threads_before = set(_current_frames()) - {self._main}
-        self._mode = _Mode(self.patterns, self.seen)
+        self._calls = self.seen.calls
+        self._mode = _Mode(self.seen)
         _prepare_profiler(_CONFIG, _ACTIVITIES)
         _enable_profiler(_CONFIG, _ACTIVITIES)
         self._mode.__enter__()
@@ -322,38 +502,32 @@ class Watch:
             except Exception as e:  # pragma: no cover (no session: stopped by student code)
                 events = []
                 self.seen.tampered.append(f"the operator profiler was stopped ({type(e).__name__})")
-        self._judge(hook, events)
+        self._record(hook, events)
+        if self.table is not None:
+            self.seen.hits, self.seen.copies = judge(self.seen.raw(), self.patterns, self.table)
         return False
 
-    def _judge(self, hook, events) -> None:
+    def _record(self, hook, events) -> None:
         seen = self.seen
-        if hook is not self._bound or not self._canary_seen:
+        canary = seen.calls.get(id(_CANARY_CODE))
+        if hook is not self._bound or canary is None or canary[0] is not _CANARY_CODE:
             seen.tampered.append("the grader's profile hook was removed or replaced while your code ran")
+        seen.calls.pop(id(_CANARY_CODE), None)
         if self._mode.marks != {"torch.special.entr", "torch.special.erfcx"}:
             seen.tampered.append("torch's function hooks were switched off while your code ran")
         # (A case of a model's forward passes records tens of thousands of events, of a few dozen
-        # distinct operators in one thread: each name is matched once, and the events are walked
-        # one by one only when some name matched or some event ran in another thread.)
+        # distinct operators in one thread: the events are walked one by one only when some ran
+        # in another thread.)
         names = [(e.name(), e.start_thread_id()) for e in events]
         ops = [n for n, _ in names]
         main_tid = next((tid for name, tid in names if name == START_OP), None)
         if START_OP not in ops or END_OP not in ops or ops.index(START_OP) > len(ops) - 1 - ops[::-1].index(END_OP):
             seen.tampered.append("torch's operator profiler was stopped or restarted while your code ran")
-        matched = {name for name in set(ops) if name not in (START_OP, END_OP)
-                   and in_family(name, self.patterns, ignore_case=True)}
-        elsewhere = main_tid is not None and any(tid != main_tid for tid in {tid for _, tid in names})
-        if not (matched or elsewhere):
-            return self._judge_threads(seen)
-        for name, tid in names:
-            if name in (START_OP, END_OP):
-                continue
-            if name in matched:
-                seen.hits.append((name, None))
-            if main_tid is not None and tid != main_tid and "backward" not in name.lower():
-                seen.threads.append(f"torch's operator {name} ran in another thread")
-        self._judge_threads(seen)
-
-    def _judge_threads(self, seen) -> None:
+        seen.ops = sorted({n for n in ops if n not in (START_OP, END_OP)})
+        if main_tid is not None and any(tid != main_tid for tid in {tid for _, tid in names}):
+            for name, tid in names:
+                if tid != main_tid and "backward" not in name.lower() and name not in (START_OP, END_OP):
+                    seen.threads.append(f"torch's operator {name} ran in another thread")
         others = (set(_current_frames()) | self._threads_before) - {self._main} - _BASELINE_THREADS
         if others:
             seen.threads.append(f"{len(others)} other Python thread(s) were alive while your code was graded")

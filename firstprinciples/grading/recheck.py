@@ -188,6 +188,7 @@ def _strip_options(line: str) -> str:
 def main() -> None:
     import builtins
     import json
+    from copy import copy as _copy
 
     import torch  # (imported before any student code)
     import torch.overrides
@@ -204,17 +205,29 @@ def main() -> None:
     sys.stdout = sys.stderr = open(os.devnull, "w")
     out_id = (_fstat(out).st_dev, _fstat(out).st_ino)
 
+    mark, dumps = runtime.MARK, wire.dumps  # (taken before any student code, as everything below)
+
     def send(event: dict) -> None:
         st = _fstat(out)
         if (st.st_dev, st.st_ino) != out_id:
             _exit(3)  # the report channel was replaced: say nothing more
-        data = ("\n" + runtime.MARK + nonce + wire.dumps(event) + "\n").encode()
+        data = ("\n" + mark + nonce + dumps(event) + "\n").encode()
         while data:
             data = data[_write(out, data):]
 
     registry = probes.load()
-    watches = {p["name"]: registry[p["name"]].watch() for p in job["pieces"] if p["name"] in registry}
-    codes = {n: observe.forbidden_python(w["torch_patterns"], w["pieces"]) for n, w in watches.items()}
+    # What the runner uses after student code has run, taken now, before: the probes themselves
+    # (replacing an entry of the registry, or the module's ``report``, afterwards changes nothing
+    # here), in a tuple (no item of it can be replaced).
+    pieces = tuple((p["name"], _copy(registry[p["name"]]), p["cases"], p.get("state")) for p in job["pieces"]
+                   if p["name"] in registry)  # (copies: no object a student's import can reach is used)
+    report = runtime.report
+    # Before any student code: the identities of the functions each piece must not call, as this
+    # process holds them. The grader keeps them; what the runner reports later is only what it
+    # saw, matched there (a table emptied here afterwards changes nothing).
+    send({"event": "baseline", "ids": {
+        p["name"]: observe.identities(observe.forbidden_python(**{k: v for k, v in registry[p["name"]].watch().items()}))
+        for p in job["pieces"] if p["name"] in registry}})
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     shell = Shell(namespace)
     namespace.update(ipython_names(shell))
@@ -269,12 +282,9 @@ def main() -> None:
     send({"event": "loaded", "errors": errors, "changes": changed, "imported": [m for m in LAZY if m in sys.modules]})
     _gc_disable()  # from here on, finalisers run only inside the watched windows (runtime.report collects there)
 
-    for piece in job["pieces"]:
-        name = piece["name"]
-        if name not in registry:
-            continue
+    for name, probe, cases, state in pieces:
         try:
-            result = runtime.report(namespace, name, piece["cases"], codes.get(name), piece.get("state"))
+            result = report(namespace, name, cases, state, probe)
         except BaseException as e:  # noqa: B036 (the runner itself was broken by the student's code)
             result = {"name": name, "broken": f"{type(e).__name__}: {str(e)[:300]}"}
         after = snapshot(before)

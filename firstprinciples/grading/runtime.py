@@ -1,8 +1,10 @@
 """Running one probe on a notebook's object, watched: the core of the re-check's runner.
 
 ``report(namespace, name, cases)`` looks the probe's object up in ``namespace``,
-runs the probe's ``run`` on every case inside a ``observe.Watch`` (forbidden
-built-ins, switched-off observers, threads) and returns plain data only (``wire``).
+runs the probe's ``run`` on every case inside a ``observe.Watch`` and returns plain
+data only (``wire``): the outputs and what the watch saw (operators, torch functions,
+Python functions, switched-off observers, threads), raw. Nothing here decides: which
+calls are forbidden is judged by the grader (``trusted``), with its own tables.
 It runs in the re-check's fresh interpreter (``recheck``) and, for the tests of
 the probes, in the test process itself (``trusted.local_verdicts``).
 """
@@ -16,18 +18,18 @@ MARK = wire.MARK
 # captured when the runner starts, before any student code: rebinding these later changes nothing here
 _gc_disable, _gc_enable, _gc_isenabled, _gc_collect = gc.disable, gc.enable, gc.isenabled, gc.collect
 _CELL_PREFIX = observe.CELL_PREFIX
-_Watch, _forbidden_python, _load, _decode_case, _encode = (observe.Watch, observe.forbidden_python, probes.load,
-                                                           probes.decode_case, wire.encode)
+_Watch, _Codes, _load, _decode_case, _encode = (observe.Watch, observe.Codes, probes.load, probes.decode_case,
+                                                wire.encode)
 _decode_array = probes._decode
 
 
-def report(namespace: dict, name: str, cases: list, codes: dict | None = None, state: dict | None = None) -> dict:
+def report(namespace: dict, name: str, cases: list, state: dict | None = None, probe=None) -> dict:
     """Run probe ``name`` on ``namespace[name]`` for every encoded case: plain data only.
 
     ``state`` (key -> encoded array: the parameters the kernel's object ended with): the object is
     instead ``probe.rebuild(namespace, state)``, built inside the first case's watched window (a
     rebuild that raises is that case's error, and every later case's)."""
-    probe = _load()[name]
+    probe = _load()[name] if probe is None else probe  # (the runner hands the probe it took before any student code)
     built: dict = {}
     if state is not None:
         if probe.rebuild is None:
@@ -48,8 +50,7 @@ def report(namespace: dict, name: str, cases: list, codes: dict | None = None, s
 
         def target():
             return obj
-    watch = probe.watch()
-    codes = _forbidden_python(watch["torch_patterns"], watch["pieces"]) if codes is None else codes
+    codes = _Codes()
     results = []
     for enc in cases:
         case = _decode_case(enc)
@@ -57,7 +58,7 @@ def report(namespace: dict, name: str, cases: list, codes: dict | None = None, s
         _gc_disable()  # no __del__ of student objects runs outside a watched window
         kept = []
         try:
-            with _Watch(watch["torch_patterns"], watch["pieces"], codes) as seen:
+            with _Watch() as seen:
                 try:
                     obj = target()
                 except (Exception, SystemExit) as e:  # the object could not be had (a rebuild from the
@@ -74,11 +75,11 @@ def report(namespace: dict, name: str, cases: list, codes: dict | None = None, s
         finally:
             if was_enabled:
                 _gc_enable()
-        entry["hits"] = sorted({(str(w), str(l) if l else "") for w, l in seen.hits})
+        entry["seen"] = seen.raw(codes)
         entry["tampered"] = sorted(set(seen.tampered))
         entry["threads"] = sorted(set(seen.threads))[:5]
         results.append(entry)
-    return {"name": name, "results": results}
+    return {"name": name, "results": results, "codes": codes.table}
 
 
 def _raised(e: BaseException) -> str:

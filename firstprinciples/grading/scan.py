@@ -166,6 +166,72 @@ def cell_infos(nb, course_sources: set | None = None) -> list[CellInfo]:
     return infos
 
 
+# What reaches into the interpreter's own state or the grader's code. The re-check's runner runs the
+# student's code in its own process (it must, to call it): code that walks frames, the garbage
+# collector's objects or code objects, or imports the grader, can in principle rewrite what the
+# runner reports. Such code is rare in an answer and is flagged for an instructor to read (never
+# scored down here: a grade is what the code does). See docs/design/threat-model.md.
+INTERNAL_MODULES = ("gc", "ctypes", "inspect", "importlib", "marshal", "dis", "code", "codeop", "mmap",
+                    "firstprinciples.grading", "firstprinciples.reference", "firstprinciples.checks")
+INTERNAL_ATTRIBUTES = frozenset({
+    "__code__", "__globals__", "__closure__", "__defaults__", "__kwdefaults__", "__builtins__",
+    "__subclasses__", "__traceback__", "__wrapped__", "tb_frame", "tb_next", "f_back", "f_locals", "f_globals",
+    "f_code", "gi_frame", "cr_frame", "ag_frame", "cell_contents", "_getframe", "_current_frames", "setprofile",
+    "settrace", "FunctionType", "CodeType", "_disable_profiler", "_DisableTorchDispatch", "DisableTorchFunction",
+    "_DisableTorchFunction", "_DisableTorchFunctionSubclass", "fork", "forkpty", "dup2"})
+INTERNAL_NAMES = frozenset({"__import__", "exec", "eval", "globals", "breakpoint"})
+
+
+def internals(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) of each construct of the cell that reaches the interpreter's or the grader's
+    internals (``INTERNAL_*``): an import of such a module, such an attribute or name, and
+    ``getattr``/``setattr``/``delattr`` of a module with a name that is not written out."""
+    out = []
+    modules = {"sys", "os", "builtins", "__builtins__", "torch"}  # (and every name the cell imports)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules |= {(a.asname or a.name).partition(".")[0] for a in node.names}
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and node.module in ("firstprinciples", "sys", "torch.autograd"):
+                modules += [f"{node.module}.{a.name}" for a in node.names]
+            for m in modules:
+                if any(m == r or m.startswith(r + ".") for r in INTERNAL_MODULES) or m in ("sys._getframe",):
+                    out.append((line, f"import {m}"))
+        elif isinstance(node, ast.Attribute) and node.attr in INTERNAL_ATTRIBUTES:
+            out.append((line, node.attr))
+        elif isinstance(node, ast.Attribute) and node.attr == "modules" and isinstance(node.value, ast.Name) \
+                and node.value.id == "sys":
+            out.append((line, "sys.modules"))
+        elif isinstance(node, ast.Name) and node.id in INTERNAL_NAMES:
+            out.append((line, node.id))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id in ("getattr", "setattr", "delattr") and len(node.args) >= 2 and \
+                not isinstance(node.args[1], ast.Constant) and isinstance(node.args[0], ast.Name) and \
+                node.args[0].id in modules:  # (a module's attribute by a computed name; an object's is common)
+            out.append((line, f"{node.func.id} with a computed name"))
+    return sorted(set(out))
+
+
+def internals_flags(infos: list[CellInfo]) -> list[str]:
+    """A flag for each student cell that reaches into internals (``internals``), naming what and where."""
+    flags = []
+    for info in infos:
+        if not info.student or info.tree is None:
+            continue
+        try:
+            found = internals(info.tree)
+        except RecursionError:  # pragma: no cover (a tree too deep to walk)
+            continue
+        if found:
+            what = "; ".join(f"{w}, line {n}" for n, w in found[:4]) + ("; ..." if len(found) > 4 else "")
+            flags.append(f"{info.label} reaches into the interpreter's or the grader's internals ({what}): its "
+                         "code runs in the re-check's own process, so an instructor should read it (not scored down)")
+    return flags
+
+
 def dependencies(infos: list[CellInfo], name: str) -> list[CellInfo]:
     """The cells among ``infos`` that define ``name`` or set its attributes and, transitively,
     those of every name they use, in notebook order."""

@@ -59,7 +59,7 @@ from pathlib import Path
 import numpy as np
 from nbformat import NotebookNode
 
-from . import probes, scan, wire
+from . import observe, probes, scan, wire
 from .wire import MARK
 
 FAILED = "TrustedCheckFailed"
@@ -207,6 +207,7 @@ def run_runner(command: list, cells: list, checks: list, limits: Limits, deadlin
     proc = start_runner(command)
     results: dict = {}
     loaded: dict = {}
+    baseline = None
     pending = [c.name for c in checks]
     try:
         try:
@@ -260,13 +261,17 @@ def run_runner(command: list, cells: list, checks: list, limits: Limits, deadlin
                 if not isinstance(event, dict):
                     continue
                 kind = event.get("event")
-                if kind == "loaded" and not loaded:
+                if kind == "baseline" and baseline is None and not loaded:
+                    baseline = event.get("ids") if isinstance(event.get("ids"), dict) else {}
+                elif kind == "loaded" and not loaded:
                     loaded = event
                 elif kind == "piece" and isinstance(event.get("name"), str):
                     name = event["name"]
                     if name in results:
                         results[name] = "the re-check reported this piece twice (its report was forged)"
                     elif name in pending:
+                        # (the identities sent before any student code ran, never what the piece's event says)
+                        event["baseline"] = identities((baseline or {}).get(name))
                         results[name] = event
                         pending.remove(name)
                 elif kind == "done":
@@ -275,6 +280,15 @@ def run_runner(command: list, cells: list, checks: list, limits: Limits, deadlin
     finally:
         _kill(proc)
     return loaded, results  # a piece missing here was not reached: the runner died or stopped before it
+
+
+def identities(pairs) -> dict:
+    """consts identity -> name, from the runner's baseline event (malformed entries dropped)."""
+    out = {}
+    for item in pairs if isinstance(pairs, list) else ():
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], str):
+            out[item[0]] = item[1]
+    return out
 
 
 def start_runner(command) -> subprocess.Popen:
@@ -516,13 +530,20 @@ def _outcome(check: Check, report: dict, machinery) -> Outcome:
     if check.probe.judge is None and not check.expected:
         check.expected = reference_results(check)
     flags = [f"{check.name}: {wire.capped(c, 200)}" for c in (report.get("changes") or [])[:5]]
+    watch = check.probe.watch()
+    table = observe.forbidden_python(**watch)
+    ids = report.get("baseline") if isinstance(report.get("baseline"), dict) else None
     found = []
     for i, res in enumerate(results):
         if not isinstance(res, dict):
             found.append({"error": "unreadable result"})
             continue
-        hits = [[wire.capped(w, 120), wire.capped(l, 120)] for w, l in
-                (h for h in (res.get("hits") or [])[:50] if isinstance(h, list) and len(h) == 2)]
+        seen = res.get("seen") if isinstance(res.get("seen"), dict) else {}
+        raw_hits, copies = observe.judge(observe.expand(seen, report.get("codes")), watch["torch_patterns"], table, ids)
+        hits = [[wire.capped(w, 120), wire.capped(l, 120) if l else ""] for w, l in raw_hits[:50]]
+        for what, line in copies[:1]:
+            flags.append(f"{check.name}: the code of {wire.capped(what, 120)} is the course's own, token for token"
+                         + (f" ({wire.capped(line, 120)})" if line else "") + ": a copy? (not scored down: for you to judge)")
         tampered = [wire.capped(t, 200) for t in (res.get("tampered") or [])[:5]]
         threads = [wire.capped(t, 200) for t in (res.get("threads") or [])[:5]]
         if threads:

@@ -46,7 +46,7 @@ import os
 import socket
 import sys
 
-from . import kernelstate, probes, sandbox, trusted, warm
+from . import kernelstate, probes, sandbox, scan, trusted, warm
 
 
 def tested_pieces(nb) -> dict:
@@ -103,7 +103,7 @@ def _merged(first: tuple, second: tuple) -> tuple[dict, list]:
 
 def _final(nb, plan, outcomes: dict, flags: list) -> tuple[dict, list]:
     failed, flagged = trusted.apply(nb, plan, outcomes)
-    notes = sorted(set(flags) | {f for fs in flagged.values() for f in fs})
+    notes = sorted(set(flags) | {f for fs in flagged.values() for f in fs} | set(scan.internals_flags(plan.infos)))
     return failed, notes
 
 

@@ -1013,7 +1013,7 @@ def _prepare_recheck() -> None:
     torch.overrides.resolve_name(torch.add)
     for probe in probes.load().values():
         watch = probe.watch()
-        observe.forbidden_python(watch["torch_patterns"], watch["pieces"])
+        observe.forbidden_python(**watch)
     observe.BASELINE = observe.snapshot()  # (a runner's first snapshot then reads only what changed since)
     gc.freeze()
 

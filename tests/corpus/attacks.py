@@ -60,6 +60,80 @@ ATTACKS = [
         os.waitpid(-1, 0)
         return pickle.loads(data)
      '''), "extra": [], "score": 0, "reason": "PermissionError"},
+    # ------------------------------------------------ the runner's own tables, changed from the student's code
+    # (the red team's one-liners: the runner now decides nothing, and takes what it uses before any
+    # student code runs; each is also flagged as reaching into the grader's internals)
+    {"id": "atk_empties_probe_forbidden", "assignment": "softmax", "answers": _softmax('''
+        return torch.softmax(x, dim)
+     ''', '''
+        from firstprinciples.grading import probes
+        probes.load()["softmax"].forbidden.clear()  # the runner used to read the probe's forbidden names
+     '''), "extra": [], "score": 0, "reason": FORBIDDEN, "flag": "internals"},
+    {"id": "atk_replaces_registry_entry", "assignment": "causal_mask", "answers": {"causal_mask": _c('''
+        import dataclasses
+        import torch
+        from firstprinciples.grading import probes
+
+        def _right(obj, case):  # the probe's run replaced: the right mask, whatever causal_mask returns
+            T = int(case["T"])
+            return {"mask": torch.triu(torch.full((T, T), float("-inf")), diagonal=1)}
+
+        probes.REGISTRY["causal_mask"] = dataclasses.replace(probes.load()["causal_mask"], run=_right)
+        object.__setattr__(probes.REGISTRY["causal_mask"], "run", _right)
+
+        def causal_mask(T):
+            return torch.zeros(T, T)
+     ''')}, "extra": [], "score": 0, "reason": "causal_mask", "flag": "internals"},
+    {"id": "atk_volatile_then_report", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX + _c('''
+        import torch
+        from firstprinciples.grading import observe, runtime
+        observe.VOLATILE = ("",)  # every later change to a shared module is "volatile": not reported
+        _real = runtime.report
+
+        def _report(namespace, name, cases, *args, **kwargs):
+            namespace[name] = lambda x, dim=-1: torch.softmax(x, dim)  # (outside any watch)
+            return _real(namespace, name, cases, *args, **kwargs)
+
+        runtime.report = _report
+     ''')}, "extra": [], "score": 0, "reason": "differs from the reference", "flag": "internals"},
+    {"id": "atk_clears_forbidden_tables", "assignment": "softmax", "answers": _softmax('''
+        return _ref(x, dim)
+     ''', '''
+        import gc
+        import types
+        import firstprinciples.reference as _r
+        from firstprinciples.grading import observe
+        for _o in gc.get_objects():  # every table of forbidden code the runner holds, emptied
+            if isinstance(_o, observe.Table):
+                _o.ids.clear(); _o.places.clear(); _o.digests.clear()
+        observe._FORBIDDEN.clear()
+        _inner = _r.softmax.__wrapped__
+        _ref = types.FunctionType(_inner.__code__.replace(co_firstlineno=_inner.__code__.co_firstlineno + 1,
+                                                          co_filename="mine.py"), _inner.__globals__)
+     '''), "extra": [], "score": 0, "reason": "course's reference", "flag": "internals"},
+    {"id": "atk_reimports_reference", "assignment": "softmax", "answers": _softmax('''
+        return _fresh.softmax(x, dim)
+     ''', '''
+        import importlib
+        import sys
+        for _name in [n for n in sys.modules if n.startswith("firstprinciples.reference")]:
+            del sys.modules[_name]  # new objects: not the ones the grader was told of
+        _fresh = importlib.import_module("firstprinciples.reference")
+     '''), "extra": [], "score": 0, "reason": "course's reference", "flag": "internals"},
+    {"id": "atk_checks_reference_rmsnorm", "assignment": "modern_block", "answers": {"RMSNorm": _c('''
+        import torch
+        from torch import nn
+        from firstprinciples.checks import modern_block as _mb
+
+        class RMSNorm(nn.Module):
+            def __init__(self, d_model, eps=1e-6):
+                super().__init__()
+                self.eps = eps
+                self.weight = nn.Parameter(torch.ones(d_model))
+
+            def forward(self, x):  # the course's own implementation, kept in its checks
+                return _mb.reference_rmsnorm(x, self.weight, self.eps)
+     ''')}, "extra": [], "score": 9, "reason": "course's reference", "flag": "internals"},
     # ------------------------------------------------ texts the grader writes, made huge
     {"id": "atk_huge_names", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX + _c('''
         for i in range(3):  # three torch attributes with 4 MB names: the grader's flags name them
