@@ -172,8 +172,11 @@ def test_attack_loses_its_points_with_the_reason(graded, student):
         assert float(row["score"]) == entry["score"], f"{student}: {row['score']}, cells {_cell_scores(nb)}"
     errors = " ".join(str(o.get("evalue", "")) for c in nb.cells if nbgrader_meta(c).get("grade")
                       for o in c.get("outputs", []) if o.get("output_type") == "error")
-    assert entry["reason"] in errors, errors[:3000]
-    assert entry["reason"] in html.unescape(_feedback(graded, entry))
+    if entry["reason"] is None:  # a route the threat model says can only be flagged: it keeps its points
+        assert entry.get("flag"), f"{student}: an attack that keeps its points must be flagged"
+    else:
+        assert entry["reason"] in errors, errors[:3000]
+        assert entry["reason"] in html.unescape(_feedback(graded, entry))
     if entry.get("flag"):
         assert entry["flag"] in row["notes"] and "FLAGGED" in row["notes"], row["notes"]
 

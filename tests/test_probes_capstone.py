@@ -198,9 +198,8 @@ def test_results_are_small(name):
     probe = probes.load()[name]
     table = observe.forbidden_python(**probe.watch())
     assert all("outputs" in r for r in rep["results"]), rep["results"]
-    assert not [observe.judge(observe.expand(r["seen"], rep["codes"]), probe.watch()["torch_patterns"], table)[0]
-                for r in rep["results"] if observe.judge(observe.expand(r["seen"], rep["codes"]),
-                                                         probe.watch()["torch_patterns"], table)[0]]
+    assert not [hits for r in rep["results"]
+                if (hits := observe.judge(observe.expand(r["seen"], rep["codes"]), probe.watch()["torch_patterns"], table))]
     assert len(wire.dumps(rep)) < 200_000  # (the outputs and what the watch saw, raw: a few hundred functions)
 
 

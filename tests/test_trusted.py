@@ -779,3 +779,67 @@ def test_the_reference_run_in_a_thread_is_named_with_its_line():
             "t = threading.Thread(target=lambda: out.append(softmax(x)))\nt.start(); t.join()")
     seen = _watch(code)
     assert ("firstprinciples.reference.softmax", "cell 'softmax', line 4") in seen.hits, seen.hits
+
+
+# ---------------------------------------------------------------- the runner decides nothing
+def test_a_table_cleared_after_the_baseline_changes_nothing():
+    """The grader matches what a case called against the identities taken before any student code
+    (the runner's baseline event): clearing the process's own table afterwards, as a student's
+    code in the runner could, does not hide a call of the reference's code, moved to another file."""
+    import types
+
+    from firstprinciples.grading import observe
+    import firstprinciples.reference as R
+
+    table = observe.forbidden_python(("softmax",), ("softmax",))
+    baseline = dict(table.ids)  # (what the runner sends before any student code)
+    inner = R.softmax.__wrapped__
+    moved = types.FunctionType(inner.__code__.replace(co_filename="mine.py", co_firstlineno=1), inner.__globals__)
+    with observe.Watch() as seen:
+        moved(torch.randn(3), -1)
+    raw = seen.raw()
+    emptied = observe.Table()  # the process's table, emptied by the student's code
+    assert observe.judge(raw, ("softmax",), emptied, baseline), raw["codes"][:3]
+    assert not observe.judge(raw, ("softmax",), emptied, {})  # (the match was the identity, as said)
+
+
+def test_a_module_imported_again_is_still_the_course():
+    """A second copy of the reference's module (new objects from the same file) is recognised by
+    its place: the file inside firstprinciples/ and the function's qualified name."""
+    import importlib.util
+
+    from firstprinciples.grading import observe
+    import firstprinciples.reference.attention as A
+
+    spec = importlib.util.spec_from_file_location("firstprinciples.reference.fresh_copy", A.__file__)
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    with observe.Watch(("softmax",), ("softmax",)) as seen:
+        fresh.softmax(torch.randn(3), -1)
+    assert any(h[0] == "firstprinciples.reference.softmax" for h in seen.hits), seen.hits
+
+
+@pytest.mark.parametrize("code, found", [
+    ("import gc\nobjs = gc.get_objects()", "import gc"),
+    ("import sys\nf = sys._getframe(1).f_locals", "_getframe"),
+    ("g = softmax.__globals__", "__globals__"),
+    ("from firstprinciples.grading import probes", "import firstprinciples.grading"),
+    ("import sys\nname = 'mod' + 'ules'\nm = getattr(sys, name)", "getattr with a computed name"),
+    ("x = eval('1 + 1')", "eval"),
+    ("import importlib\nm = importlib.import_module('firstprinciples.reference')", "import importlib"),
+    # honest code: none of these is flagged
+    ("class M:\n    def __init__(self):\n        for i in range(3):\n            setattr(self, f'h{i}', i)\n"
+     "    def get(self, i):\n        return getattr(self, f'h{i}')", None),
+    ("import torch\nimport torch.nn.functional as F\ny = F.gelu(torch.randn(3))\nz = torch.compile", None),
+    ("import types\nns = types.SimpleNamespace(a=1)", None),
+])
+def test_the_scan_flags_code_that_reaches_into_internals(code, found):
+    import ast
+
+    from firstprinciples.grading import scan
+
+    got = [what for _line, what in scan.internals(ast.parse(code))]
+    if found is None:
+        assert not got, got
+    else:
+        assert any(found in w for w in got), got

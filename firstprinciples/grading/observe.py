@@ -97,38 +97,18 @@ def in_family(name: str, patterns, ignore_case: bool = False) -> bool:
 #   functions it holds *before any student code runs* (``identities``), so a table emptied or
 #   rewritten later changes nothing the grader holds;
 # - ``place``: the file inside ``torch/`` or ``firstprinciples/`` and the qualified name, so a
-#   module imported again (new objects, the same file) is still recognised;
-# - ``digest``: the code without its names, file and line numbers (bytecode, names, local names,
-#   constants): a long function pasted verbatim is the same code. Only flagged for an
-#   instructor, never a zero: a student may write a short function token for token as the
-#   course did (``return x @ W_q, x @ W_k, x @ W_v``), and a copy is left to a person to judge.
-DIGEST_FLOOR = 200  # bytes of bytecode (about eight lines) below which equal code proves nothing
+#   module imported again (new objects, the same file) is still recognised.
+# The reference's source typed or pasted into a cell and compiled there is new code (its bytecode
+# even differs with the context it is compiled in): the watch does not call it the reference; the
+# similarity report finds copies, and the student bundle (issue 42) holds no reference source.
 _ROOTS = (os.sep + "firstprinciples" + os.sep, os.sep + "torch" + os.sep)
 
 
-def _const(value, h) -> None:
-    if isinstance(value, types.CodeType):
-        h.update(b"c" + digest(value).encode())
-    elif isinstance(value, (tuple, frozenset)):
-        items = list(value)
-        parts = []
-        for v in items:
-            inner = hashlib.blake2b(digest_size=12)
-            _const(v, inner)
-            parts.append(inner.digest())
-        h.update((b"t" if isinstance(value, tuple) else b"f") + b"".join(parts if isinstance(value, tuple) else sorted(parts)))
-    else:  # (str, bytes, numbers, None, Ellipsis: their repr is their value, whatever the hash seed)
-        h.update(type(value).__name__.encode() + repr(value)[:100_000].encode())
-
-
 def digest(code) -> str:
-    """The code without its names, file and line numbers (equal for a verbatim copy, compiled anywhere)."""
+    """The code's bytecode and names, without its name, file and line numbers."""
     h = hashlib.blake2b(digest_size=12)
-    h.update(repr((code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags & 0xFF,
-                   code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)).encode())
+    h.update(repr((code.co_argcount, code.co_kwonlyargcount, code.co_names, code.co_varnames)).encode())
     h.update(code.co_code)
-    for c in code.co_consts:
-        _const(c, h)
     return h.hexdigest()
 
 
@@ -191,10 +171,10 @@ def _codes(code):
 @dataclass
 class Table:
     """The Python functions a piece must not call, by the three facts above: consts identity ->
-    name (of this process's objects), place -> name, digest -> name (long functions only)."""
+    name (of this process's objects; with the code's digest, since code without constants shares
+    one empty tuple), place -> name."""
     ids: dict = field(default_factory=dict)
     places: dict = field(default_factory=dict)
-    digests: dict = field(default_factory=dict)
 
     def add(self, code, name: str) -> None:
         for c in _codes(code):
@@ -202,8 +182,6 @@ class Table:
                 self.ids[f"{id(c.co_consts)}:{digest(c)}"] = name
             if place(c):
                 self.places[place(c)] = name
-            if len(c.co_code) >= DIGEST_FLOOR:
-                self.digests[digest(c)] = name
 
 
 def forbidden_python(torch_patterns=(), pieces=()) -> Table:
@@ -310,13 +288,12 @@ def identities(table: Table) -> list:
     return [[i, n] for i, n in table.ids.items()]
 
 
-def judge(seen: dict, patterns, table: Table, ids: dict | None = None) -> tuple[list, list]:
-    """(hits, copies) of one case's raw observation ``seen`` (what ``Seen.raw`` gives, read back
-    from the runner): hits are (what, where) of every forbidden operator, torch function or
-    Python function; copies, (what, where) of code equal to a long forbidden function's. ``ids``:
+def judge(seen: dict, patterns, table: Table, ids: dict | None = None) -> list:
+    """The hits, (what, where), of one case's raw observation ``seen`` (what ``Seen.raw`` gives, read
+    back from the runner): every forbidden operator, torch function or Python function. ``ids``:
     the identities the runner sent before any student code (default: this process's)."""
     ids = table.ids if ids is None else ids
-    hits, copies = [], []
+    hits = []
     for name in seen.get("ops") or ():
         if isinstance(name, str) and in_family(name, patterns, ignore_case=True):
             hits.append((name, None))
@@ -326,15 +303,12 @@ def judge(seen: dict, patterns, table: Table, ids: dict | None = None) -> tuple[
     for item in seen.get("codes") or ():
         if not (isinstance(item, list) and len(item) == 5):
             continue
-        consts, dig, where_, at, size = item
-        where_ = where_ if isinstance(where_, str) else None
+        consts, dig, where_, at, _size = item
         name = ids.get(f"{consts}:{dig}") if isinstance(consts, int) and isinstance(dig, str) else None
         name = name or (table.places.get(at) if isinstance(at, str) and at else None)
         if name:
-            hits.append((name, where_))
-        elif isinstance(dig, str) and dig in table.digests:
-            copies.append((table.digests[dig], where_))
-    return hits, copies
+            hits.append((name, where_ if isinstance(where_, str) else None))
+    return hits
 
 
 def where(frame) -> str | None:
@@ -350,7 +324,6 @@ def where(frame) -> str | None:
 @dataclass
 class Seen:
     hits: list = field(default_factory=list)  # (what, where or None), forbidden calls (with a table only)
-    copies: list = field(default_factory=list)  # (what, where or None), code equal to a forbidden function's
     tampered: list = field(default_factory=list)  # why the observation cannot be trusted
     threads: list = field(default_factory=list)  # other threads that ran during the window
     ops: list = field(default_factory=list)  # every operator name the profiler recorded
@@ -448,7 +421,7 @@ class Watch:
     records, and decides nothing: the operators, the torch functions and the Python functions
     called (``Seen.raw``), whether each observer stayed on, and other threads. Given the
     forbidden ``torch_patterns`` and reference ``pieces`` (a test, a check in this process),
-    it also judges what it saw (``seen.hits``, ``seen.copies``) with ``judge``, as the grader
+    it also judges what it saw (``seen.hits``) with ``judge``, as the grader
     does with what a runner reports."""
 
     def __init__(self, torch_patterns=(), pieces=(), table: Table | None = None):
@@ -504,7 +477,7 @@ class Watch:
                 self.seen.tampered.append(f"the operator profiler was stopped ({type(e).__name__})")
         self._record(hook, events)
         if self.table is not None:
-            self.seen.hits, self.seen.copies = judge(self.seen.raw(), self.patterns, self.table)
+            self.seen.hits = judge(self.seen.raw(), self.patterns, self.table)
         return False
 
     def _record(self, hook, events) -> None:

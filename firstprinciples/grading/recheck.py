@@ -9,7 +9,11 @@ into plain Python), the pieces to probe and their secret cases, and a nonce. The
 
 1. it imports torch, numpy and the probes, takes a ``snapshot`` of everything a
    cell could replace, and moves the report channel (standard output) to a private
-   descriptor: whatever the student's code prints goes nowhere;
+   descriptor: whatever the student's code prints goes nowhere. Before any student code, it
+   takes what it will use later (the probes, copied; the report function; the channel) and
+   sends the ``baseline``: the identities of the functions each piece must not call, as this
+   process holds them (the grader keeps them: nothing the student's code does later can change
+   them);
 2. it runs each cell in one namespace, as a kernel would (a cell that raises is
    reported and the next one runs; magics run their code once or do nothing), and
    records what each cell changed (``observe.changes``; these snapshots trust the dicts'
@@ -22,9 +26,11 @@ into plain Python), the pieces to probe and their secret cases, and a nonce. The
    costs only itself (the grader kills the runner and starts another for the rest);
 4. it ends with ``os._exit``: no ``atexit`` handler or finaliser of the student's runs.
 
-Each line is ``MARK nonce JSON``. Nothing here is trusted: the grader reads plain
-data, refuses duplicates and malformed lines, and compares results with its own
-reference (``trusted``).
+Each line is ``MARK nonce JSON``. Nothing here is trusted and nothing here decides: the
+runner reports what each case returned and what the watch saw, raw; the grader reads plain
+data, refuses duplicates and malformed lines, judges which calls were forbidden with its own
+tables, and compares results with its own reference (``trusted``). What code in this process
+can still do (rewrite the report) is in docs/design/threat-model.md.
 """
 from __future__ import annotations
 

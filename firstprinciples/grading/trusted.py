@@ -539,11 +539,8 @@ def _outcome(check: Check, report: dict, machinery) -> Outcome:
             found.append({"error": "unreadable result"})
             continue
         seen = res.get("seen") if isinstance(res.get("seen"), dict) else {}
-        raw_hits, copies = observe.judge(observe.expand(seen, report.get("codes")), watch["torch_patterns"], table, ids)
+        raw_hits = observe.judge(observe.expand(seen, report.get("codes")), watch["torch_patterns"], table, ids)
         hits = [[wire.capped(w, 120), wire.capped(l, 120) if l else ""] for w, l in raw_hits[:50]]
-        for what, line in copies[:1]:
-            flags.append(f"{check.name}: the code of {wire.capped(what, 120)} is the course's own, token for token"
-                         + (f" ({wire.capped(line, 120)})" if line else "") + ": a copy? (not scored down: for you to judge)")
         tampered = [wire.capped(t, 200) for t in (res.get("tampered") or [])[:5]]
         threads = [wire.capped(t, 200) for t in (res.get("threads") or [])[:5]]
         if threads:

@@ -81,9 +81,9 @@ ATTACKS = [
         probes.REGISTRY["causal_mask"] = dataclasses.replace(probes.load()["causal_mask"], run=_right)
         object.__setattr__(probes.REGISTRY["causal_mask"], "run", _right)
 
-        def causal_mask(T):
+        def causal_mask(T):  # (right shape and dtype: 1 point of 8, as any zeros mask)
             return torch.zeros(T, T)
-     ''')}, "extra": [], "score": 0, "reason": "causal_mask", "flag": "internals"},
+     ''')}, "extra": [], "score": 1, "reason": "differs from the reference", "flag": "internals"},
     {"id": "atk_volatile_then_report", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX + _c('''
         import torch
         from firstprinciples.grading import observe, runtime
@@ -134,6 +134,38 @@ ATTACKS = [
             def forward(self, x):  # the course's own implementation, kept in its checks
                 return _mb.reference_rmsnorm(x, self.weight, self.eps)
      ''')}, "extra": [], "score": 9, "reason": "course's reference", "flag": "internals"},
+    # The residual route, named in docs/design/threat-model.md: the runner's own code runs in the
+    # student's process, so a student who walks its frames can write the whole report (outputs
+    # computed with the built-in, nothing seen) and end the runner. It needs the in-kernel tests
+    # fooled too (the re-check's verdict only ever takes points away). It keeps its points: it is
+    # flagged for the instructor, naming what it reached for.
+    {"id": "atk_forges_report_from_frame", "assignment": "softmax", "answers": {"softmax": _c('''
+        import os
+        import sys
+        import torch
+
+        def softmax(x, dim=-1):
+            return torch.exp(x) / torch.exp(x).sum(dim, keepdim=True)  # overflows: wrong on large inputs
+
+        try:
+            _main = sys._getframe(1).f_locals  # the re-check runner's main(), running this cell
+            _send, _pieces = _main["send"], _main["pieces"]
+        except Exception:  # (in the kernel)
+            _send = None
+        if _send is not None:
+            from firstprinciples.grading import probes, wire
+            for _name, _probe, _cases, _state in _pieces:
+                _out = [{"outputs": {k: wire.encode(v) for k, v in _probe.run(
+                    lambda x, dim=-1: torch.softmax(x, dim), probes.decode_case(c)).items()}} for c in _cases]
+                _send({"event": "piece", "name": _name, "results": _out, "codes": []})
+            _send({"event": "done"})
+            os._exit(0)
+     ''')}, "extra": [("after:try_it_code", _c('''
+        class checks:  # the notebook's tests, made to pass
+            def __getattr__(self, name):
+                return lambda *a, **k: None
+        checks = checks()
+     '''))], "score": 10, "reason": None, "flag": "internals"},
     # ------------------------------------------------ texts the grader writes, made huge
     {"id": "atk_huge_names", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX + _c('''
         for i in range(3):  # three torch attributes with 4 MB names: the grader's flags name them
