@@ -15,11 +15,13 @@ Grading is hardened here, with nbgrader's own commands:
   (``firstprinciples.grading.trusted``) re-runs every graded piece in a fresh
   sandboxed interpreter on secret inputs and its verdict is final;
 - ``nbgrader autograde`` grades in parallel (``c.Autograde.workers``, default
-  ``$FP_GRADING_WORKERS`` or the number of cores), and a run killed at any point
+  ``$FP_GRADING_WORKERS``, else two a core as the memory allows), and a run killed at any point
   can simply be run again (``firstprinciples.grading.parallel``);
 - the gradebook is ``gradebook.db`` (SQLite) in the course folder, or the
   database that ``$FP_GRADEBOOK_URL`` names (e.g. PostgreSQL, shared by several
   grading machines: ``postgresql://user:password@host/dbname``).
+
+Every setting and environment variable, with its default: docs/instructors/configuration.md.
 """
 import os
 import shutil
@@ -59,7 +61,7 @@ if os.environ.get("FP_GRADEBOOK_URL"):
 # subclass is put in that name here. Every c.Autograde.* setting applies to it, and
 # the instructor still types `nbgrader autograde <assignment>`.
 nbgrader.apps.autogradeapp.Autograde = ParallelAutograde
-# c.Autograde.workers = 2  # grading processes; default: $FP_GRADING_WORKERS, else the number of cores
+# c.Autograde.workers = 2  # grading processes; default: $FP_GRADING_WORKERS, else two a core as the memory allows
 # A kernel dies with the grading process that started it (even on kill -9), so a
 # killed run leaves no kernel waiting forever.
 c.Execute.kernel_manager_class = GraderBoundKernelManager

@@ -14,18 +14,21 @@ Then ``collect``, ``zip_collect``, ``autograde``, ``generate_feedback``,
 ``fetch_feedback`` on the students' side and ``export``.
 """
 import csv
+import re
 import shutil
 import zipfile
 
 import nbformat
 import pytest
 
+import docpages
 from course import SOLUTIONS, make_course, nbgrader
 from test_instructor_roundtrip import fill, solution_answers
 
 ASSIGNMENT = NOTEBOOK = "softmax"
 COURSE_ID = "transformers-from-first-principles"  # c.CourseDirectory.course_id in nbgrader_config.py
-ZIP_REGEXP = r".*/(?P<student_id>[a-z]+)_attempt_(?P<timestamp>[0-9\-]+)_(?P<file_id>\w+)"
+# zip_collect's file-name pattern, as docs/instructors/grading-round.md gives it to instructors.
+ZIP_REGEXP = re.search(r"`'(.*?)'`", docpages.line_with("(?P<student_id>")).group(1)
 STOCK = "--ExchangeFactory.release_feedback=nbgrader.exchange.default.ExchangeReleaseFeedback"
 
 
@@ -146,8 +149,8 @@ def test_real_extra_file_is_noted(class_round):
 
 
 def test_zip_collect_reads_an_lms_time_stamp_whole_and_never_stops_for_one_file(tmp_path):
-    """The README's pattern on an LMS's names: 14-30-00 is 14:30 (stock nbgrader read 14:00),
-    23-59-59 is 23:59:59 (it stopped the whole collection), and a stamp no one can read costs only
+    """The documented pattern (docs/instructors/grading-round.md) on an LMS's names: 14-30-00 is
+    14:30 (stock nbgrader read 14:00), 23-59-59 is 23:59:59 (it stopped the whole collection), and a stamp no one can read costs only
     that file its time stamp, with a warning that names it."""
     course = make_course(tmp_path)
     nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")

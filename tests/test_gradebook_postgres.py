@@ -103,7 +103,7 @@ def postgres():
         conn.autocommit = True
         conn.cursor().execute("CREATE DATABASE gradebook")
         conn.close()
-        # (as the README writes it: no driver named; firstprinciples.grading.gradebook_url adds the installed one)
+        # (as docs/instructors/scaling.md writes it: no driver named; firstprinciples.grading.gradebook_url adds the installed one)
         yield f"postgresql://grader@/gradebook?host={sockets}&port={PORT}"
     finally:
         if started:

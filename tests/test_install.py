@@ -185,7 +185,7 @@ def test_ci_runs_the_readme_commands_in_a_virtualenv_inside_the_clone():
     ("sqlite:///gradebook.db", "sqlite:///gradebook.db"),
 ])
 def test_the_documented_postgresql_address_opens_with_the_installed_driver(url, opened):
-    """The README's ``postgresql://...`` names no driver; SQLAlchemy 2.1 would pick psycopg 3,
+    """The documented ``postgresql://...`` (docs/instructors/scaling.md) names no driver; SQLAlchemy 2.1 would pick psycopg 3,
     which is not installed: the address gets the installed psycopg2, and SQLAlchemy accepts it."""
     import sqlalchemy
 

@@ -1,6 +1,6 @@
 """The README's instructor walkthrough, run as written.
 
-The bash block under "Instructors: a grading round" is read from README.md and
+The bash block under "Instructors: a grading round" is read from the docs (the README) and
 its commands are run one by one in a fresh course folder (a copy of the repo's
 config and solutions), with two submissions placed where the README says
 ("collect submissions into submitted/..."): the grades and the feedback it
@@ -8,7 +8,6 @@ promises must appear.
 """
 import csv
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -16,14 +15,13 @@ import sys
 import nbformat
 import pytest
 
-from course import ROOT, SOLUTIONS, make_course, scratch
+import docpages
+from course import SOLUTIONS, make_course, scratch
 from test_instructor_roundtrip import fill, solution_answers
 
 
 def walkthrough_commands():
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Instructors: a grading round", 1)[1]
-    block = re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1)
+    block = docpages.code_blocks(docpages.section("## Instructors: a grading round"), "bash")[0]
     commands = [line.split("#", 1)[0].strip() for line in block.splitlines()]
     return [c for c in commands if c]
 

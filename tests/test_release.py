@@ -19,7 +19,7 @@ def generated(tmp_path_factory):
 def test_exercises_match_a_fresh_generate_assignment(generated):
     fresh = sorted(p.relative_to(generated).as_posix() for p in generated.glob("*/*.ipynb"))
     committed = sorted(p.relative_to(EXERCISES).as_posix() for p in EXERCISES.glob("*/*.ipynb"))
-    assert fresh == committed, "regenerate exercises/ (README: 'Changing an exercise') and commit it"
+    assert fresh == committed, "regenerate exercises/ (docs/instructors/grading-round.md: 'Changing an exercise') and commit it"
     for name in fresh:
         a = json.loads((generated / name).read_text())
         b = json.loads((EXERCISES / name).read_text())

@@ -1,7 +1,7 @@
 """The class reports (``python -m firstprinciples.grading.reports``) on a simulated softmax class.
 
 The class, graded once with the plain nbgrader commands and the repo's config (plus a
-late policy of 20 % per started day, as the README shows it):
+late policy of 20 % per started day, read from docs/instructors/reports.md):
 
 - ``correct``: the solution's code; ``indep``: another short correct answer, written
   independently (both must NOT be flagged: a three-line softmax is the reference's
@@ -30,6 +30,7 @@ import time
 import nbformat
 import pytest
 
+import docpages
 from course import SOLUTIONS, make_course, nbgrader
 from test_instructor_roundtrip import fill, solution_answers
 
@@ -76,19 +77,9 @@ TWIN_B = '''def softmax(x,dim=-1):
     res = torch.stack(acc).reshape(t.shape)
     return res.movedim(-1,dim)
 '''
-LATE_POLICY = '''
-# A late policy (tests/test_reports.py): 20 % of the score per started day late.
-import math
-from nbgrader.plugins import LateSubmissionPlugin
-
-
-class TwentyPercentPerDay(LateSubmissionPlugin):
-    def late_submission_penalty(self, student_id, score, total_seconds_late):
-        return score * min(1.0, 0.2 * math.ceil(total_seconds_late / 86400))
-
-
-c.AssignLatePenalties.plugin_class = TwentyPercentPerDay
-'''
+# The late policy the class is graded with: docs/instructors/reports.md's, as written there
+# (20 % of the score per started day late).
+LATE_POLICY = "\n" + docpages.code_blocks(docpages.section("## A late policy"), "python")[0]
 DUE = datetime.datetime(2030, 1, 1)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+import docpages
 from course import EXERCISES, ROOT, SOLUTIONS
 from test_instructor_roundtrip import fill, solution_answers
 
@@ -84,8 +85,7 @@ def test_readme_command_switches_nbgrader_extensions_off(venv):
     """The README's student command turns nbgrader's server extensions off in the virtualenv
     (they are for instructors; at `jupyter lab`'s start they log warnings and errors)."""
     folder, env = venv
-    readme = (ROOT / "README.md").read_text()
-    command = next(line for line in readme.splitlines() if "jupyter server extension disable" in line)
+    command = docpages.line_with("jupyter server extension disable")
     args = command.strip().strip("`").split("&&")[1].split()
     assert args[:4] == ["jupyter", "server", "extension", "disable"], command
     subprocess.run([str(folder / "bin" / args[0]), *args[1:]], env=env, check=True, capture_output=True)

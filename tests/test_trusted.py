@@ -610,7 +610,7 @@ def test_a_report_read_in_many_pieces_is_read_whole(reports):
     """The grader reads a runner's report as it comes: a line of megabytes over hundreds of reads
     is taken whole, lines that share a read are each taken (the last one cut across two reads),
     and a piece reported twice is still refused. (That the pieces are joined once, not at every
-    read, is a matter of time, measured by the check command's timeline: README.)"""
+    read, is a matter of time, measured by the check command's timeline: docs/design/processes.md.)"""
     import time
 
     check = trusted.Check("softmax", probes.load()["softmax"], [])

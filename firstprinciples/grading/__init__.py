@@ -51,7 +51,7 @@ def require_one_copy(course_root) -> None:
 
 def gradebook_url(url: str) -> str:
     """``$FP_GRADEBOOK_URL`` as SQLAlchemy should open it. A PostgreSQL address written the usual
-    way, ``postgresql://user:password@host/dbname`` (the README's), names no driver, and SQLAlchemy
+    way, ``postgresql://user:password@host/dbname`` (the docs'), names no driver, and SQLAlchemy
     2.1 then picks psycopg 3, which the course does not install (``No module named 'psycopg'``):
     such an address gets the installed driver, psycopg2 (``postgresql+psycopg2://``). An address
     that names its driver is kept as written."""

@@ -121,7 +121,7 @@ _CLONE_THREAD = 0x00010000
 def refuse_new_processes() -> bool:
     """Install the filter in this process (and every thread it starts later); False where the
     machine's architecture or kernel has no seccomp filter (then nothing changes: not Linux, or
-    another architecture; the README's threat model says so)."""
+    another architecture; docs/design/threat-model.md says so)."""
     import ctypes
     import platform
     import struct
