@@ -843,3 +843,59 @@ def test_the_scan_flags_code_that_reaches_into_internals(code, found):
         assert not got, got
     else:
         assert any(found in w for w in got), got
+
+
+# ---------------------------------------------------------------- the watch's cost is budgeted
+SLOW_SOFTMAX = '''
+import time
+import torch
+
+def softmax(x, dim=-1):
+    time.sleep(0.05)  # a correct answer, slow in the kernel too
+    e = torch.exp(x - x.amax(dim=dim, keepdim=True))
+    return e / e.sum(dim=dim, keepdim=True)
+'''
+
+
+def test_a_slow_piece_gets_as_much_more_time_as_it_took_in_the_kernel():
+    """A correct answer that is slow in the kernel is not failed by the re-check's limit: its piece
+    gets ``WATCH_FACTOR`` times what its test cells took there (within ``PIECE_MAX``). Without that,
+    the same answer runs past a tight limit."""
+    from firstprinciples.grading import sandbox
+
+    nb = nbformat.read(SOFTMAX, as_version=4)
+    for cell in nb.cells:
+        if nbgrader_meta(cell).get("grade_id") == "softmax":
+            cell.source = SLOW_SOFTMAX
+    tight = trusted.Limits(piece=0.5, total=120.0)
+    given = trusted.Limits(piece=0.5, total=120.0, kernel={"softmax": 0.5})
+    assert given.piece_for("softmax") == 0.5 * trusted.WATCH_FACTOR and given.total_for() > tight.total_for()
+    found = {}
+    for name, limits in (("tight", tight), ("budgeted", given)):
+        plan = trusted.make_plan(nb, 0, trusted.course_sources(SOFTMAX))
+        outcomes, _ = trusted.recheck(plan, sandbox.recheck_command(False), limits, second=False)
+        found[name] = outcomes["softmax"]
+    assert found["tight"].overall and "did not finish" in found["tight"].overall, found["tight"]
+    assert found["budgeted"].overall is None and not any(c.get("error") for c in found["budgeted"].cases), \
+        found["budgeted"]
+
+
+def test_which_pieces_get_more_time():
+    """Only pieces whose test cells took long enough that the watch could push them past the limit."""
+    tested = {3: ["softmax"], 5: ["softmax"], 7: ["scaled_dot_product_attention"]}
+    seconds = {3: 2.5, 5: 2.0, 7: 0.3}
+    assert trusted.slow_in_kernel(seconds, tested, 120.0) == {"softmax": 4.5}
+    assert trusted.slow_in_kernel({3: 0.1}, tested, 120.0) == {}
+
+
+def test_the_executor_hands_the_kernels_times_to_the_recheck():
+    """What the executor measured of each test cell reaches the re-check's limits for the pieces
+    those cells use (and nothing does when every test was quick: the guess made ahead holds)."""
+    from firstprinciples.grading.execute import RobustExecute
+
+    ex = RobustExecute(recheck_piece_timeout=10.0)
+    ex._tested = lambda: {4: ["project_qkv"], 6: ["project_qkv"], 8: ["dot_product_scores"]}
+    ex._seconds = {4: 0.25, 6: 0.25, 8: 0.01}
+    assert ex._limits().kernel == {"project_qkv": 0.5}
+    ex._seconds = {4: 0.01, 6: 0.01, 8: 0.01}
+    assert ex._limits().kernel == {}

@@ -149,6 +149,8 @@ class RobustExecute(Execute):
         self._timed_out = False  # the last cell run went past its timeout
         self._hung: dict[str, str] = {}  # graded piece -> the test cell it did not return in
         self._slow: set[int] = set()  # indices of non-test cells that ran past their timeout
+        self._seconds: dict[int, float] = {}  # test cell index -> seconds it took in the kernel
+        self._tested = None  # test cell index -> the pieces it uses, once asked for (``_cells``)
         self._seed = self._sources = None  # the re-check's seed and the course's sources (_plan_inputs)
         run_sync(self._execute_all)()
         return self.nb, self.resources
@@ -171,6 +173,7 @@ class RobustExecute(Execute):
                 known["tested"] = self._service_call(lambda s: s.tested(), lambda: verdicts.tested_pieces(self.nb))
             return known["tested"]
 
+        self._tested = tested
         failed_at_once: dict[str, list] = {}  # hung piece -> the later test cells that failed at once
         try:
             async with self.async_setup_kernel():
@@ -275,7 +278,11 @@ class RobustExecute(Execute):
                 for p in pieces:
                     failed_at_once.setdefault(p, []).append(_grade_id(cell) or f"cell {index + 1}")
                 continue
+            started = time.monotonic()
             fault = await self._run(cell, index)
+            if cell.get("metadata", {}).get("nbgrader", {}).get("grade", False) and fault is None \
+                    and not self._timed_out:
+                self._seconds[index] = time.monotonic() - started  # (slow tests: their piece's re-check gets more)
             if self._timed_out:
                 pieces = tested().get(index) or []
                 all_pieces = sorted({p for ps in tested().values() for p in ps})
@@ -351,7 +358,13 @@ class RobustExecute(Execute):
         return self.kernel_name == "fp-sandbox"
 
     def _limits(self):
-        return trusted.Limits(piece=self.recheck_piece_timeout, total=self.recheck_timeout)
+        """The re-check's limits; a piece whose test cells were slow in the kernel gets more time, as
+        many times theirs as the watch may cost (``trusted.slow_in_kernel``: the guess made before the
+        cells ran has none, so a notebook without a slow test keeps the re-check started ahead)."""
+        kernel = {}
+        if self._tested is not None and trusted.WATCH_FACTOR * sum(self._seconds.values()) > self.recheck_piece_timeout:
+            kernel = trusted.slow_in_kernel(self._seconds, self._tested(), self.recheck_piece_timeout)
+        return trusted.Limits(piece=self.recheck_piece_timeout, total=self.recheck_timeout, kernel=kernel)
 
     def _abandon_ahead(self) -> None:
         """A piece did not return or a cell ran past its timeout: the re-check that the service
