@@ -270,9 +270,11 @@ def test_visible_parts_pass_the_reference(piece, name):
     assert ok, err
 
 
-@pytest.mark.parametrize("name", sorted(PROJECT_CHECKS))
+# (not "grads": the seed's projections are nn.Linear layers with weights of their own, so no
+# gradient reaches the W_q, W_k, W_v the test passes in, which is what that test checks)
+@pytest.mark.parametrize("name", sorted(set(PROJECT_CHECKS) - {"grads"}))
 def test_the_seeds_projections_pass(name):
-    ok, err = outcome(PROJECT_CHECKS[name], project_like_the_seed) if name != "grads" else (True, None)
+    ok, err = outcome(PROJECT_CHECKS[name], project_like_the_seed)
     assert ok, f"the seed's nn.Linear projections fail {name}: {err}"
 
 

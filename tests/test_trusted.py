@@ -899,3 +899,14 @@ def test_the_executor_hands_the_kernels_times_to_the_recheck():
     assert ex._limits().kernel == {"project_qkv": 0.5}
     ex._seconds = {4: 0.01, 6: 0.01, 8: 0.01}
     assert ex._limits().kernel == {}
+
+
+def test_every_probe_module_is_loaded():
+    """A probe module that ``probes.MODULES`` does not name would never be registered (its pieces
+    not re-checked), and a misspelt name there is an import error, not a silent gap."""
+    from pathlib import Path
+
+    folder = Path(probes.__file__).parent
+    files = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    assert files == set(probes.MODULES), (files ^ set(probes.MODULES))
+    assert len(probes.MODULES) == len(set(probes.MODULES))

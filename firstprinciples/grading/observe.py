@@ -51,6 +51,12 @@ CELL_PREFIX = "<cell "  # the filename under which the re-check compiles a noteb
 START_OP, END_OP = "aten::special_entr", "aten::special_erfcx"
 _CONFIG = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False,
                          _ExperimentalConfig(profile_all_threads=True), "")
+# Recording every allocation too (``Watch(memory=True)``): torch's profiler records allocations
+# only without ``profile_all_threads`` (torch 2.13), so a case measured so has its operators seen in
+# the thread that runs it and in threads started with ``threading`` (their Python calls, by the
+# hook), not in raw ones; only the cases whose memory a test measures are watched so.
+_MEMORY_CONFIG = ProfilerConfig(ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig(), "")
+MEMORY_EVENT = "[memory]"
 _ACTIVITIES = {ProfilerActivity.CPU}
 # captured now, before any student code runs
 _setprofile, _getprofile, _current_frames, _get_ident = sys.setprofile, sys.getprofile, sys._current_frames, threading.get_ident
@@ -329,11 +335,14 @@ class Seen:
     ops: list = field(default_factory=list)  # every operator name the profiler recorded
     functions: dict = field(default_factory=dict)  # torch function name -> where it was first called
     calls: dict = field(default_factory=dict)  # id(code) -> (code, where it was first called)
+    largest_allocation: int | None = None  # bytes, the largest tensor torch allocated (memory=True only)
 
     def raw(self, codes: "Codes | None" = None) -> dict:
         """The observation as plain data, nothing judged: the operators, the torch functions with
         their lines and the Python functions (their facts, or indices into ``codes``)."""
         out = {"ops": list(self.ops), "functions": [[n, w] for n, w in self.functions.items()]}
+        if self.largest_allocation is not None:
+            out["largest_allocation"] = int(self.largest_allocation)
         if codes is None:
             out["codes"] = [(lambda f: [f[0], f[1], w, f[2], f[3]])(facts(c)) for c, w in self.calls.values()]
         else:
@@ -363,7 +372,8 @@ class Codes:
 def expand(result: dict, table: list) -> dict:
     """A case's raw observation with its ``code_ids`` turned back into the facts of ``table``
     (read from the runner: anything malformed is dropped)."""
-    out = {"ops": result.get("ops"), "functions": result.get("functions")}
+    out = {"ops": result.get("ops"), "functions": result.get("functions"),
+           "largest_allocation": result.get("largest_allocation")}
     ids = result.get("code_ids")
     codes = []
     if isinstance(ids, list) and isinstance(table, list):
@@ -424,8 +434,9 @@ class Watch:
     it also judges what it saw (``seen.hits``) with ``judge``, as the grader
     does with what a runner reports."""
 
-    def __init__(self, torch_patterns=(), pieces=(), table: Table | None = None):
+    def __init__(self, torch_patterns=(), pieces=(), table: Table | None = None, memory: bool = False):
         self.patterns = tuple(torch_patterns)
+        self.config = _MEMORY_CONFIG if memory else _CONFIG
         self.table = table if table is not None else (forbidden_python(self.patterns, pieces)
                                                       if (torch_patterns or pieces) else None)
         self.seen = Seen()
@@ -442,8 +453,8 @@ class Watch:
         self._threads_before = set(_current_frames()) - {self._main}
         self._calls = self.seen.calls
         self._mode = _Mode(self.seen)
-        _prepare_profiler(_CONFIG, _ACTIVITIES)
-        _enable_profiler(_CONFIG, _ACTIVITIES)
+        _prepare_profiler(self.config, _ACTIVITIES)
+        _enable_profiler(self.config, _ACTIVITIES)
         self._mode.__enter__()
         self._bound = self._hook
         _setprofile(self._bound)
@@ -492,6 +503,9 @@ class Watch:
         # distinct operators in one thread: the events are walked one by one only when some ran
         # in another thread.)
         names = [(e.name(), e.start_thread_id()) for e in events]
+        if self.config is _MEMORY_CONFIG:
+            seen.largest_allocation = max((e.nbytes() for e in events if e.name() == MEMORY_EVENT), default=0)
+            names = [(n, tid) for n, tid in names if n != MEMORY_EVENT]
         ops = [n for n, _ in names]
         main_tid = next((tid for name, tid in names if name == START_OP), None)
         if START_OP not in ops or END_OP not in ops or ops.index(START_OP) > len(ops) - 1 - ops[::-1].index(END_OP):

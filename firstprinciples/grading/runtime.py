@@ -58,7 +58,7 @@ def report(namespace: dict, name: str, cases: list, state: dict | None = None, p
         _gc_disable()  # no __del__ of student objects runs outside a watched window
         kept = []
         try:
-            with _Watch() as seen:
+            with _Watch(memory="memory" in case.get("tags", ()) and probe.memory is not None) as seen:
                 try:
                     obj = target()
                 except (Exception, SystemExit) as e:  # the object could not be had (a rebuild from the

@@ -59,7 +59,7 @@ from pathlib import Path
 import numpy as np
 from nbformat import NotebookNode
 
-from . import observe, probes, scan, wire
+from . import probes, scan, wire
 from .wire import MARK
 
 FAILED = "TrustedCheckFailed"
@@ -562,6 +562,8 @@ def _outcome(check: Check, report: dict, machinery) -> Outcome:
     if check.probe.judge is None and not check.expected:
         check.expected = reference_results(check)
     flags = [f"{check.name}: {wire.capped(c, 200)}" for c in (report.get("changes") or [])[:5]]
+    from . import observe  # (torch: only where a re-check's results are judged, never in the check command's own process)
+
     watch = check.probe.watch()
     table = observe.forbidden_python(**watch)
     ids = report.get("baseline") if isinstance(report.get("baseline"), dict) else None
@@ -595,9 +597,26 @@ def _outcome(check: Check, report: dict, machinery) -> Outcome:
                                        "run the notebook's tests to see it on theirs)"})
             else:  # (raised before any case was given to it: rebuilding it from the kernel's parameters)
                 found.append({"error": f"it raised {wire.capped(res.get('error', '?'), 300)}"})
+        elif (why := _over_memory(check, i, res)) is not None:
+            found.append({"error": why})
         else:
             found.append({"got": res["outputs"], "want": check.expected[i] if check.expected else None})
     return Outcome(None, found, sorted(set(flags)))
+
+
+def _over_memory(check: Check, i: int, res: dict) -> str | None:
+    """Why case ``i`` allocated more at once than its piece may (``Probe.memory``), as the watch's
+    profiler recorded it in the runner (None: within the bound, or not measured there)."""
+    seen = res.get("seen") if isinstance(res.get("seen"), dict) else {}
+    largest = seen.get("largest_allocation")
+    if check.probe.memory is None or not isinstance(largest, int) or isinstance(largest, bool):
+        return None
+    allowed = check.probe.memory(probes.decode_case(check.cases[i]))
+    if allowed is None or largest <= allowed:
+        return None
+    return (f"it allocated {largest:,} bytes at once, more than the {allowed:,} that any one of its blocks needs "
+            "(a (..., T_q, block_size) tensor, the inputs or the output): something as large as the whole "
+            "(T_q, T_k) matrix was built (counted at torch's allocator, whatever mode was switched off)")
 
 
 # ---------------------------------------------------------------- comparison

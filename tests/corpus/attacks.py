@@ -166,6 +166,21 @@ ATTACKS = [
                 return lambda *a, **k: None
         checks = checks()
      '''))], "score": 10, "reason": None, "flag": "internals"},
+    # ------------------------------------------------ tiled attention's memory, hidden from a dispatch mode
+    {"id": "atk_tiled_full_matrix_unwatched", "assignment": "tiled_attention", "answers": {"tiled_attention": _c('''
+        import torch
+
+        def tiled_attention(Q, K, V, block_size=64, causal=False):
+            # the whole (T_q, T_k) matrix, built where torch's dispatch modes cannot see it
+            with torch._C._DisableTorchDispatch():
+                scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5
+                if causal:
+                    T_q, T_k = scores.shape[-2:]
+                    hide = torch.ones(T_q, T_k, dtype=torch.bool).triu(T_k - T_q + 1)
+                    scores = scores.masked_fill(hide, float("-inf"))
+                w = torch.exp(scores - scores.amax(-1, keepdim=True))
+                return (w / w.sum(-1, keepdim=True)) @ V
+     ''')}, "extra": [], "score": 8, "reason": "allocated"},
     # ------------------------------------------------ texts the grader writes, made huge
     {"id": "atk_huge_names", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX + _c('''
         for i in range(3):  # three torch attributes with 4 MB names: the grader's flags name them

@@ -97,6 +97,10 @@ class Probe:
     needs: tuple = ()  # names of other notebook objects run(obj, case, namespace) looks up in namespace
     rebuild: Callable | None = None  # (namespace, state: name -> tensor) -> the object, from the kernel's state
     rebuilt_from: tuple = ()  # the names rebuild uses (the runner loads them and their dependencies)
+    # (case) -> the most bytes any one tensor that the piece allocates on a case tagged "memory" may
+    # hold, or None: measured at torch's allocator (the operator profiler records every allocation,
+    # whatever dispatch or function mode the student switches off)
+    memory: Callable | None = None
 
     def watch(self) -> dict:
         return {"torch_patterns": tuple(self.forbidden.get("torch_patterns", ())),
@@ -137,12 +141,10 @@ def register(*probes: Probe) -> None:
 
 
 def load() -> dict:
+    """Every probe module of ``MODULES`` imported (a name misspelt there is an error, not a probe
+    silently missing: ``tests/test_trusted.py`` also checks that every module file is listed)."""
     for m in MODULES:
-        try:
-            importlib.import_module(f"{__name__}.{m}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{m}":
-                raise
+        importlib.import_module(f"{__name__}.{m}")
     return REGISTRY
 
 

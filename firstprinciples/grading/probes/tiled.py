@@ -83,4 +83,12 @@ CELLS = {
     "test_memory": aspect("memory"),
 }
 
-register(Probe("tiled_attention", cases, run, reference=tiled_attention, forbidden=C.FORBIDDEN, cells=CELLS))
+def memory(case) -> int:
+    """The largest tensor a memory case may allocate, in bytes: what the test allows
+    (``checks.tiled.allowed_elements``: a (..., T_q, block_size) block, the output or an input) in
+    float64, the widest dtype an honest answer computes in."""
+    return 8 * C.allowed_elements(case["Q"], case["K"], case["V"], int(case["block_size"]))
+
+
+register(Probe("tiled_attention", cases, run, reference=tiled_attention, forbidden=C.FORBIDDEN, cells=CELLS,
+               memory=memory))
