@@ -308,19 +308,52 @@ def test_where_the_template_decides_no_grading_process_imports_torch(tmp_path, s
 
 
 def test_only_the_command_line_fans_out():
-    from firstprinciples.grading.parallel import looks_like_cli, shard_of, threads_per_worker
+    from firstprinciples.grading.parallel import looks_like_cli, threads_per_worker
 
     assert looks_like_cli(["/usr/local/bin/nbgrader", "autograde", "ps1"])
     assert looks_like_cli([os.path.join(os.path.dirname(__import__("nbgrader").__file__), "__main__.py"),
                            "autograde", "ps1", "--force"])
     assert not looks_like_cli(["/usr/bin/jupyter-lab"])  # formgrader: the Python API
     assert not looks_like_cli(["/usr/local/bin/nbgrader", "generate_feedback", "ps1"])
-    assert [shard_of(i, 3) for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
     assert threads_per_worker(2, cores=2, limit="") == 1 and threads_per_worker(3, cores=2, limit="") == 1
     assert threads_per_worker(2, cores=8, limit="") == 4
     # an OMP_NUM_THREADS the grader was started with caps each worker's share (never raises it)
     assert threads_per_worker(2, cores=8, limit="2") == 2 and threads_per_worker(2, cores=8, limit="16") == 4
     assert threads_per_worker(1, cores=2, limit="junk") == 2
+
+
+def test_every_turn_is_given_once_among_forked_workers(tmp_path, monkeypatch):
+    """``Turns``, made before the fork, gives each submission (its index) to exactly one of the
+    workers, and every one of them to some worker, however the workers interleave (many turns,
+    taken as fast as they can be: without the lock, two workers get the same turn)."""
+    from firstprinciples.grading import parallel
+
+    monkeypatch.setattr(parallel, "socket_folder", lambda: str(tmp_path))
+    turns = parallel.Turns(3000)
+    start, go = os.pipe()  # the workers start together: when the write end closes
+    pids = []
+    for w in range(3):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(go)
+                os.read(start, 1)
+                with open(tmp_path / f"taken-{w}", "w") as f:
+                    for turn in turns:
+                        f.write(f"{turn}\n")
+                code = 0
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    os.close(go)
+    assert all(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 for pid in pids)
+    taken = [[int(x) for x in (tmp_path / f"taken-{w}").read_text().split()] for w in range(3)]
+    assert sorted(sum(taken, [])) == list(range(3000))
+    assert all(taken), "a worker got no turn"  # (all three ran at once)
+    assert turns.taken() == 3000 and list(turns) == []
+    turns.close()
+    assert not list(tmp_path.glob("turns-*"))
 
 
 def test_a_student_inserted_by_another_worker_at_the_same_moment_is_found(tmp_path, monkeypatch):

@@ -10,11 +10,14 @@ Parallel
     With ``workers`` > 1 (``c.Autograde.workers``; default: the environment
     variable ``FP_GRADING_WORKERS``, else two a core where the memory allows it: see
     ``default_workers``) and more than one
-    submission to grade, the command splits the submissions (sorted, dealt
-    round-robin) into that many shards and forks one worker per shard, once the
-    command has loaded nbgrader, its configuration and the trusted grader (so a
-    worker starts grading at once). A worker runs nbgrader's own serial loop on
-    its shard and dies with the command (``PR_SET_PDEATHSIG``). Each worker's
+    submission to grade, the command forks that many workers, once it has loaded
+    nbgrader, its configuration and the trusted grader (so a worker starts
+    grading at once). There are no fixed batches: a worker that is free takes the
+    next submission (in sorted order) from a counter shared by the workers
+    (``Turns``), so a student who holds a worker for minutes (a hang, a timeout)
+    holds only that worker, and the others grade the rest of the class. A
+    worker grades each submission with nbgrader's own loop and dies with the
+    command (``PR_SET_PDEATHSIG``); if it dies, the others take what is left. Each worker's
     log is streamed to this command's stderr, prefixed ``[grader i/N]``; when a
     worker fails, the command fails (exit code 1) naming the students
     concerned. Each worker gets ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` =
@@ -64,6 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import fcntl
 import gc
 import glob
 import os
@@ -308,9 +312,49 @@ class GraderBoundKernelManager(WarmKernelManager):
 
 
 # ---------------------------------------------------------------- helpers
-def shard_of(index: int, workers: int) -> int:
-    """Submissions, sorted, are dealt round-robin: the i-th goes to shard i mod N."""
-    return index % workers
+class Turns:
+    """Which submission a free worker grades next: 0, 1, 2, ... up to ``total`` - 1, each given once.
+
+    The count is kept in a small file made before the workers are forked (in this process's
+    socket folder, which the next grading command sweeps if this one is killed). A worker
+    takes a turn under an exclusive ``flock`` on its own opening of the file (a lock that the
+    system drops when the process holding it dies, so a worker killed at that instant blocks
+    no one), reads the count and writes it back one higher. Works wherever ``fork`` does
+    (Linux, macOS)."""
+
+    def __init__(self, total: int):
+        fd, self.path = tempfile.mkstemp(prefix="turns-", dir=socket_folder())
+        os.close(fd)
+        self.total = total
+
+    def __iter__(self):
+        fd = os.open(self.path, os.O_RDWR)  # (opened here, after the fork: a lock of this process's own)
+        try:
+            while (turn := self._take(fd)) is not None:
+                yield turn
+        finally:
+            os.close(fd)
+
+    def _take(self, fd: int) -> int | None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            turn = int(os.pread(fd, 32, 0) or b"0")
+            if turn >= self.total:
+                return None
+            os.pwrite(fd, b"%d" % (turn + 1), 0)  # (the count only grows: no shorter text to cut)
+            return turn
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def taken(self) -> int:
+        with open(self.path, "rb") as f:
+            return min(self.total, int(f.read() or b"0"))
+
+    def close(self) -> None:
+        try:
+            os.remove(self.path)
+        except FileNotFoundError:
+            pass
 
 
 def default_workers(cores: int | None = None, memory: int | None = None) -> int:
@@ -453,14 +497,32 @@ class ParallelAutograde(Autograde):
             return self._convert_shared(workers)
         if not self._can_fork(workers):
             return super().convert_notebooks()
-        submissions = sorted(self.assignments)
-        shards = [[s for i, s in enumerate(submissions) if shard_of(i, workers) == w] for w in range(workers)]
-        self._run_workers(workers, shards, lambda shard: self._grade_shard(shard))
+        turns = Turns(len(self.assignments))
+        try:
+            self._run_workers(workers, lambda: self._grade_shard(turns))
+        finally:
+            turns.close()
 
-    def _grade_shard(self, shard: list) -> None:
-        self.assignments = {k: v for k, v in self.assignments.items() if k in set(shard)}
-        self.log.info("Grader %s: %d submission(s)", os.environ.get(SHARD_ENV, ""), len(self.assignments))
-        Autograde.convert_notebooks(self)
+    def _grade_shard(self, turns) -> None:
+        """In a worker: grade the submissions (by their index in sorted order) that ``turns``
+        gives, one at a time, each with nbgrader's own loop; fail at the end if any failed."""
+        everything = dict(self.assignments)
+        order = sorted(everything)
+        graded, failed = 0, []
+        try:
+            for turn in turns:
+                submission = order[turn]
+                self.assignments = {submission: everything[submission]}
+                try:
+                    Autograde.convert_notebooks(self)  # (it logs which student failed, and why)
+                except NbGraderException:
+                    failed.append(submission)
+                graded += 1
+        finally:
+            self.assignments = everything
+        self.log.info("Grader %s: %d submission(s)", os.environ.get(SHARD_ENV, ""), graded)
+        if failed:
+            raise NbGraderException("Grading failed for: " + ", ".join(failed))
 
     # ------------------------------------------------- a class shared out through the database
     def _convert_shared(self, workers: int) -> None:
@@ -476,8 +538,7 @@ class ParallelAutograde(Autograde):
         if not self._can_fork(workers):
             return self._drain(queue, keys)
         queue.close()  # (no connection crosses a fork: each worker opens its own)
-        everything = sorted(self.assignments)
-        self._run_workers(workers, [everything] * workers, lambda _shard: self._drain(queue.reopen(), keys))
+        self._run_workers(workers, lambda: self._drain(queue.reopen(), keys))
 
     def _ids(self, submission: str) -> tuple | None:
         m = re.match(self._format_source("(?P<assignment_id>.*)", "(?P<student_id>.*)", escape=True), submission)
@@ -512,7 +573,9 @@ class ParallelAutograde(Autograde):
         if failed:
             raise NbGraderException("Grading failed for: " + ", ".join(f"{s} ({a})" for a, s in failed))
 
-    def _run_workers(self, workers: int, shards: list, target) -> None:
+    def _run_workers(self, workers: int, target) -> None:
+        """Fork ``workers`` workers, each running ``target()`` (which grades until nothing is left),
+        stream their logs, wait for them; fail naming the students that could not be graded."""
         submissions = sorted(self.assignments)
         threads = str(threads_per_worker(workers))
         self.log.info("Grading %d submissions with %d workers (%s thread(s) each)",
@@ -540,12 +603,12 @@ class ParallelAutograde(Autograde):
                 previous[sig] = signal.signal(sig, self._stop_workers(pids))
             sys.stdout.flush()
             sys.stderr.flush()
-            for w, shard in enumerate(shards):  # every fork before any thread starts here
+            for w in range(workers):  # every fork before any thread starts here
                 read, write = os.pipe()
                 pid = os.fork()
                 if pid == 0:  # the worker: never returns
                     os.close(read)
-                    self._work(w, workers, shard, write, threads, target)
+                    self._work(w, workers, write, threads, target)
                 os.close(write)
                 pids.append(pid)
                 pipes.append(read)
@@ -576,11 +639,13 @@ class ParallelAutograde(Autograde):
         if not failed:
             return
         students = []
+        said = {(a, s) for w in errors for a, s in errors[w]}
         for w in failed:
             named = [f"{student} ({assignment})" for assignment, student in errors[w]]
-            if not named:  # the worker died before it could say: name what it did not finish
-                named = [f"{os.path.basename(os.path.dirname(s))} ({os.path.basename(s)})"
-                         for s in shards[w] if not self._finished(s)]
+            if not named:  # the worker died before it could say: name what no one finished
+                named = [f"{os.path.basename(os.path.dirname(s))} ({os.path.basename(s)})" for s in submissions
+                         if not self._finished(s) and self._ids(s) not in said]
+                said.update(self._ids(s) for s in submissions if not self._finished(s))
             students += named or [f"grader {w + 1} (exit code {codes[w]})"]
         msg = "Grading failed for: " + ", ".join(students)
         self.log.error(msg)
@@ -615,8 +680,8 @@ class ParallelAutograde(Autograde):
             proc.kill()
             proc.wait()
 
-    def _work(self, w: int, workers: int, shard: list, output: int, threads: str, target) -> None:
-        """In a forked worker: grade ``shard`` with nbgrader's own loop, log into ``output``, exit."""
+    def _work(self, w: int, workers: int, output: int, threads: str, target) -> None:
+        """In a forked worker: grade (``target()``), log into ``output``, exit."""
         code = 1
         try:
             WarmTemplate.adopt(w)
@@ -633,7 +698,7 @@ class ParallelAutograde(Autograde):
                 sys.modules["torch"].set_num_threads(int(threads))
             asyncio.set_event_loop(None)  # kernels are driven by an event loop of this process's own
             jupyter_core.utils._loop.set(None)
-            target(shard)
+            target()
             code = 0
         except NbGraderException:
             pass  # nbgrader has logged which students failed
