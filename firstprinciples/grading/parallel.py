@@ -70,6 +70,7 @@ import atexit
 import fcntl
 import gc
 import glob
+import importlib
 import os
 import re
 import shutil
@@ -814,18 +815,29 @@ class ParallelAutograde(Autograde):
         super().init_assignment(assignment_id, student_id)
 
     def _create_student(self, student_id: str) -> None:
-        """Add the student to the gradebook before nbgrader does, allowing for a race: two
-        workers (or machines) grading two assignments of a student the gradebook does not know
-        yet both try to insert them, and the second insert fails on the unique id. Once one of
-        them has, nbgrader's own ``update_or_create_student`` finds the student."""
-        from nbgrader.api import Gradebook, InvalidEntry
+        """Add the student to the gradebook before nbgrader does, so that no two workers (or
+        machines) race to insert them. Workers that take the next submission as they free up
+        start on a student's assignments together; on a gradebook that does not know the
+        student yet, nbgrader's ``update_or_create_student`` (look up, then insert) fails on the
+        unique id for all but one of them, and logs a database traceback for each (a screenful
+        per student, before the first result, with nothing wrong). Here the row is inserted
+        only if it is absent, in one statement (``INSERT ... ON CONFLICT DO NOTHING``: SQLite
+        and PostgreSQL); nbgrader's own call then finds the student. Another database: nbgrader's
+        insert, tried again when another process was first."""
+        from nbgrader.api import Gradebook, InvalidEntry, Student
 
         if not self.create_student:
             return
         for attempt in range(5):
             try:
                 with Gradebook(self.coursedir.db_url, self.coursedir.course_id) as gb:
-                    gb.update_or_create_student(student_id)
+                    dialect = gb.engine.dialect.name
+                    if dialect not in ("sqlite", "postgresql"):
+                        gb.update_or_create_student(student_id)
+                        return
+                    insert = importlib.import_module(f"sqlalchemy.dialects.{dialect}").insert
+                    gb.db.execute(insert(Student.__table__).values(id=student_id).on_conflict_do_nothing())
+                    gb.db.commit()
                 return
             except InvalidEntry:  # another process inserted them first: the next try finds them
                 time.sleep(0.05 * (attempt + 1))
