@@ -8,7 +8,8 @@ is missing. With the course's config (``ParallelAutograde``) the log is instead:
 - one line per submission when it is done: progress, student, score, time and the
   grader's notes for it (the same notes as in ``grades.csv``);
 - errors (a submission that could not be graded at all), as nbgrader logs them;
-- a summary at the end: graded, full marks, zero, timed out, repaired, flagged.
+- a summary at the end: graded, already graded (by another grader or an earlier
+  run), full marks, zero, timed out, repaired, flagged.
 
 ``--Autograde.verbose=True`` (or ``--log-level=DEBUG``) brings back nbgrader's
 whole log. Workers print a result as one marked line (``RESULT_MARK`` + JSON); the
@@ -135,12 +136,19 @@ def kinds(res: dict) -> set[str]:
     return out
 
 
-def summary(results: list[dict], total: int, failed: list[str] = (), missing: list[str] = ()) -> str:
-    """The table printed at the end of a round."""
+def summary(results: list[dict], total: int, failed: list[str] = (), missing: list[str] = (),
+            elsewhere: list[str] = ()) -> str:
+    """The table printed at the end of a round: ``results`` are the submissions this run graded,
+    ``elsewhere`` those of the round that another grader or an earlier run graded (their scores
+    are not in this table), ``missing`` those graded by no one."""
     full = [r for r in results if r.get("score") is not None and r.get("max_score")
             and float(r["score"]) >= float(r["max_score"])]
     zero = [r for r in results if r.get("score") is not None and float(r["score"]) == 0]
-    rows = [("graded", len(results), f"of {total}"), ("full marks", len(full), ""), ("zero", len(zero), "")]
+    rows = [("graded", len(results), f"of {total}")]
+    if elsewhere:  # by another grader sharing the class (one killed since included), or an earlier run
+        rows.append(("already graded", len(elsewhere), "(by another grader or an earlier run) "
+                     + ", ".join(elsewhere[:10]) + (" ..." if len(elsewhere) > 10 else "")))
+    rows += [("full marks", len(full), ""), ("zero", len(zero), "")]
     for kind in KINDS:
         who = [f"{r['student']} ({r.get('assignment', '?')})" for r in results if kind in kinds(r)]
         if who or kind in ("timed out", "repaired", "flagged"):

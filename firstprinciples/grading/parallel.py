@@ -468,10 +468,18 @@ class ParallelAutograde(Autograde):
         self.log.info(gradelog.line(done, self._total, res), extra={"fp_result": True})
 
     def _end_log(self, failed=()) -> None:
+        """The summary. A submission this run did not grade is "already graded" when its graded
+        folder is complete (written, without the marker of a grading in progress): another grader
+        sharing the class finished it (one killed later included: what it finished counts), or an
+        earlier run did (a plain rerun skips it); else it is "not graded"."""
         done = {(r.get("assignment"), r.get("student")) for r in self._results}
-        missing = sorted(f"{ids[1]} ({ids[0]})" for ids in map(self._ids, self.assignments)
-                         if ids is not None and ids not in done)
-        self.log.info(gradelog.summary(self._results, self._total, list(failed), missing), extra={"fp_result": True})
+        missing, elsewhere = [], []
+        for submission in sorted(self.assignments):
+            ids = self._ids(submission)
+            if ids is not None and ids not in done:
+                (elsewhere if self._finished(submission) else missing).append(f"{ids[1]} ({ids[0]})")
+        self.log.info(gradelog.summary(self._results, self._total, list(failed), sorted(missing), sorted(elsewhere)),
+                      extra={"fp_result": True})
 
     # ---------------------------------------------------------- the batch
     def _can_fork(self, workers: int) -> bool:
