@@ -112,25 +112,28 @@ def line(done: int, total: int, res: dict) -> str:
     return text
 
 
-KINDS = ("timed out", "kernel died", "unreadable cell", "unanswered", "repaired", "flagged")
+KINDS = ("timed out", "kernel died", "unreadable cell", "unanswered", "forbidden call", "repaired", "flagged")
 
 
 def kinds(res: dict) -> set[str]:
     """What the notes of a result say happened (``KINDS``): a note is "repaired" only when it is
     none of the others (a kernel death, a cell Python cannot read or an untouched answer is not a
-    repair)."""
+    repair). A note may start with its notebook's name (``notes_of``: "softmax: unanswered: ...")."""
     out = set()
     for note in res.get("notes") or []:
+        said = note.split(": ", 1)[1] if ": " in note else note  # (what follows the notebook's name)
         if "timed out" in note or "did not finish within" in note or "did not return within" in note:
             out.add("timed out")
         elif "FLAGGED" in note:
             out.add("flagged")
         elif "the kernel died" in note:
             out.add("kernel died")
-        elif note.startswith("syntax error in "):
+        elif note.startswith("syntax error in ") or said.startswith("syntax error in "):
             out.add("unreadable cell")
-        elif note.startswith("unanswered: "):
+        elif note.startswith("unanswered: ") or said.startswith("unanswered: "):
             out.add("unanswered")
+        elif note.startswith("forbidden call: ") or said.startswith("forbidden call: "):
+            out.add("forbidden call")
         elif "failed at once" not in note:
             out.add("repaired")
     return out

@@ -101,9 +101,19 @@ def _merged(first: tuple, second: tuple) -> tuple[dict, list]:
     return {**first[0], **second[0]}, sorted(set(first[1]) | set(second[1]))
 
 
+FORBIDDEN_NOTE = "forbidden call: "  # the start of a note that names what a piece must not call
+
+
 def _final(nb, plan, outcomes: dict, flags: list) -> tuple[dict, list]:
+    """(test cell index -> why it fails, the notes): the flags for an instructor, then one note per
+    piece that the re-check caught calling what it must not use (``FORBIDDEN_NOTE``, the piece and
+    the re-check's own words: which call, and where), so that its zero says why in grades.csv."""
     failed, flagged = trusted.apply(nb, plan, outcomes)
     notes = sorted(set(flags) | {f for fs in flagged.values() for f in fs})
+    for name, found in sorted(outcomes.items()):
+        calls = [c["error"] for c in (found.cases if found else []) if isinstance(c, dict) and c.get("forbidden")]
+        if calls:
+            notes.append(f"{FORBIDDEN_NOTE}{name}: {calls[0]}")
     return failed, notes
 
 
