@@ -418,7 +418,7 @@ class ParallelAutograde(Autograde):
     """nbgrader's ``Autograde``, graded by several processes and safe to kill and rerun."""
 
     workers = Integer(
-        help="Grading processes (each grades a share of the submissions, one notebook at a time). "
+        help="Grading processes (each takes the next submission as it frees up, one notebook at a time). "
              f"Default: ${WORKERS_ENV}, else two a core where the memory holds every sandbox at its cap "
              "(default_workers), else one a core. 1: grade serially as stock nbgrader does."
     ).tag(config=True)

@@ -8,7 +8,7 @@ their results compared with the course's reference, the verdict made final in ev
   in a service. The grading process never imports torch: its kernels and runners are forked
   from the template (``warm``), which has torch imported, and so is its trusted side: one more
   child of the template, ``serve`` (``Service``), started beside the process's first kernel and
-  kept for its later notebooks (a grading worker's whole shard). It is trusted code only (the
+  kept for its later notebooks (every one a grading worker grades). It is trusted code only (the
   template's clean state, then this module; it never runs a cell of a notebook and never loads
   a student's code) and it asks the template for the runners as the grader would. While a
   kernel runs the cells it makes the plan and computes the reference's results, on the other
@@ -195,7 +195,7 @@ class ServiceError(RuntimeError):
 
 class Service:
     """The trusted side of this process's checks, in a child of the template (``serve``): one a
-    process, given one notebook after another (a grading worker's whole shard)."""
+    process, given one notebook after another (every one a grading worker grades)."""
 
     _current: dict = {}  # (pid of the owning process, template) -> Service
 
