@@ -347,10 +347,6 @@ class Turns:
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
-    def taken(self) -> int:
-        with open(self.path, "rb") as f:
-            return min(self.total, int(f.read() or b"0"))
-
     def close(self) -> None:
         try:
             os.remove(self.path)
@@ -508,11 +504,11 @@ class ParallelAutograde(Autograde):
             return super().convert_notebooks()
         turns = Turns(len(self.assignments))
         try:
-            self._run_workers(workers, lambda: self._grade_shard(turns))
+            self._run_workers(workers, lambda: self._grade_turns(turns))
         finally:
             turns.close()
 
-    def _grade_shard(self, turns) -> None:
+    def _grade_turns(self, turns) -> None:
         """In a worker: grade the submissions (by their index in sorted order) that ``turns``
         gives, one at a time, each with nbgrader's own loop; fail at the end if any failed."""
         everything = dict(self.assignments)

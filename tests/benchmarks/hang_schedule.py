@@ -54,7 +54,7 @@ def fixed_batches(self, failed=None):
     if self.shared_queue or not self._can_fork(workers):
         return convert(self, failed)
     total = len(self.assignments)
-    self._run_workers(workers, lambda: self._grade_shard(
+    self._run_workers(workers, lambda: self._grade_turns(
         range(int(os.environ[parallel.SHARD_ENV].split("/")[0]) - 1, total, workers)))
 
 parallel.ParallelAutograde._convert = fixed_batches
