@@ -288,3 +288,25 @@ def test_the_dead_graders_student_was_taken_over(three_graders):
     victim = three_graders["killed_claim"]
     later = [c for c in three_graders["claims"] if c["student"] == victim["student"] and c["id"] > victim["id"]]
     assert later and later[-1]["outcome"] == "done" and later[-1]["owner"] != victim["owner"]
+
+
+def test_what_the_killed_grader_finished_counts_as_graded(three_graders):
+    """Each surviving grader's summary accounts for the whole class: what it graded, and what the
+    others finished (the killed one included) as "already graded"; none is "not graded" (the
+    students the killed grader had finished were reported as not graded)."""
+    import re
+
+    victim = three_graders["killed_claim"]
+    finished_by_victim = {c["student"] for c in three_graders["claims"]
+                          if c["owner"] == victim["owner"] and c["outcome"] == "done"}
+    assert finished_by_victim, "the killed grader had finished no one: this test checks nothing"
+    for log in three_graders["logs"][1:]:
+        summary = log[log.index("Summary:"):]
+        assert "not graded" not in summary, summary
+        graded = re.search(r"^\s+graded\s+(\d+)\s+of (\d+)$", summary, flags=re.MULTILINE)
+        already = re.search(r"^\s+already graded\s+(\d+)\s+\(by another grader or an earlier run\) (.*)$", summary,
+                            flags=re.MULTILINE)
+        assert graded and already, summary
+        assert int(graded[1]) + int(already[1]) == int(graded[2]) == len(CLASS), summary
+        named = set(re.findall(r"(\w+) \(softmax\)", already[2]))
+        assert finished_by_victim <= named or already[2].endswith("..."), (finished_by_victim, summary)

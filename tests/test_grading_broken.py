@@ -215,8 +215,18 @@ def test_the_grading_summary_names_each_kind_and_its_students():
          "notes": ["syntax error in softmax, line 3: '(' was never closed", "unanswered: softmax (still as released)"]},
         {"student": "cy", "assignment": "softmax", "score": 10, "max_score": 10,
          "notes": ["missing cells put back from the source: test_dims"]},
+        # as the log has them (gradelog.notes_of): after the notebook's name
+        {"student": "di", "assignment": "softmax", "score": 0, "max_score": 10,
+         "notes": ["softmax: unanswered: softmax (still as released)"]},
+        {"student": "ed", "assignment": "softmax", "score": 0, "max_score": 10,
+         "notes": ["softmax: forbidden call: softmax: it calls torch.softmax (cell 'softmax', line 4), a built-in "
+                   "that this piece must not use (you are asked to write it yourself)"]},
+        {"student": "fay", "assignment": "qkv", "score": 0, "max_score": 12,
+         "notes": ["queries_keys_values: syntax error in qkv, line 2: incomplete input"]},
     ]
-    text = gradelog.summary(results, 3)
+    text = gradelog.summary(results, 6)
     rows = {line.split("  ")[1].strip(): line for line in text.splitlines()[1:]}
     assert "ada (softmax)" in rows["kernel died"] and "bob (qkv)" in rows["unreadable cell"]
     assert "bob (qkv)" in rows["unanswered"] and rows["repaired"].split()[-2:] == ["cy", "(softmax)"]
+    assert "di (softmax)" in rows["unanswered"] and "fay (qkv)" in rows["unreadable cell"], text
+    assert "ed (softmax)" in rows["forbidden call"], text

@@ -77,9 +77,11 @@ def test_the_grades_are_the_expected_ones(two_gradings):
 
 
 def test_a_zero_says_why_in_the_notes(two_gradings):
-    """An untouched answer and a cell Python cannot read each get a reason in grades.csv's notes
-    (they had an empty notes column)."""
+    """An untouched answer, a cell Python cannot read and a forbidden built-in each get a reason in
+    grades.csv's notes (they had an empty notes column); the forbidden one names the call."""
     one, _ = two_gradings
+    assert "forbidden call: softmax: it calls torch.softmax" in one["forbidden"][1], one["forbidden"]
+    assert "FLAGGED" not in one["forbidden"][1], one["forbidden"]  # (a reason for its zero, not a flag)
     assert "unanswered: softmax" in one["untouched"][1], one["untouched"]
     # (the kernel's own words, as the notebook shows them: IPython says "incomplete input" here)
     assert "syntax error in softmax, line 2: incomplete input" in one["syntax"][1], one["syntax"]

@@ -266,11 +266,11 @@ import json, os, sys
 from firstprinciples.grading import parallel
 from nbgrader.apps.nbgraderapp import main
 
-grade = parallel.ParallelAutograde._grade_shard
-def probed(self, shard):  # in each worker, after its shard: had this process imported torch?
-    grade(self, shard)
+grade = parallel.ParallelAutograde._grade_turns
+def probed(self, turns):  # in each worker, after its turns: had this process imported torch?
+    grade(self, turns)
     open(f"worker-{os.getpid()}.json", "w").write(json.dumps("torch" in sys.modules))
-parallel.ParallelAutograde._grade_shard = probed
+parallel.ParallelAutograde._grade_turns = probed
 sys.argv = ["nbgrader", "autograde", "softmax", *sys.argv[1:]]
 try:
     main()
@@ -308,14 +308,13 @@ def test_where_the_template_decides_no_grading_process_imports_torch(tmp_path, s
 
 
 def test_only_the_command_line_fans_out():
-    from firstprinciples.grading.parallel import looks_like_cli, shard_of, threads_per_worker
+    from firstprinciples.grading.parallel import looks_like_cli, threads_per_worker
 
     assert looks_like_cli(["/usr/local/bin/nbgrader", "autograde", "ps1"])
     assert looks_like_cli([os.path.join(os.path.dirname(__import__("nbgrader").__file__), "__main__.py"),
                            "autograde", "ps1", "--force"])
     assert not looks_like_cli(["/usr/bin/jupyter-lab"])  # formgrader: the Python API
     assert not looks_like_cli(["/usr/local/bin/nbgrader", "generate_feedback", "ps1"])
-    assert [shard_of(i, 3) for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
     assert threads_per_worker(2, cores=2, limit="") == 1 and threads_per_worker(3, cores=2, limit="") == 1
     assert threads_per_worker(2, cores=8, limit="") == 4
     # an OMP_NUM_THREADS the grader was started with caps each worker's share (never raises it)
@@ -323,33 +322,81 @@ def test_only_the_command_line_fans_out():
     assert threads_per_worker(1, cores=2, limit="junk") == 2
 
 
-def test_a_student_inserted_by_another_worker_at_the_same_moment_is_found(tmp_path, monkeypatch):
-    """`nbgrader autograde "*"`: two workers grading two assignments of a student the gradebook
-    does not know yet both insert them; the second insert fails on the unique id (it did in the
-    round trip, and the student's notebook was not graded). The grader tries again and finds them."""
-    from nbgrader.api import InvalidEntry
+def test_every_turn_is_given_once_among_forked_workers(tmp_path, monkeypatch):
+    """``Turns``, made before the fork, gives each submission (its index) to exactly one of the
+    workers, and every one of them to some worker, however the workers interleave (many turns,
+    taken as fast as they can be: without the lock, two workers get the same turn)."""
+    from firstprinciples.grading import parallel
+
+    monkeypatch.setattr(parallel, "socket_folder", lambda: str(tmp_path))
+    turns = parallel.Turns(3000)
+    start, go = os.pipe()  # the workers start together: when the write end closes
+    pids = []
+    for w in range(3):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(go)
+                os.read(start, 1)
+                with open(tmp_path / f"taken-{w}", "w") as f:
+                    for turn in turns:
+                        f.write(f"{turn}\n")
+                code = 0
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    os.close(go)
+    assert all(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 for pid in pids)
+    taken = [[int(x) for x in (tmp_path / f"taken-{w}").read_text().split()] for w in range(3)]
+    assert sorted(sum(taken, [])) == list(range(3000))
+    assert all(taken), "a worker got no turn"  # (all three ran at once)
+    assert list(turns) == []  # (all taken)
+    turns.close()
+    assert not list(tmp_path.glob("turns-*"))
+
+
+def test_a_student_inserted_by_another_worker_at_the_same_moment_is_found(tmp_path, caplog):
+    """`nbgrader autograde "*"`: workers start on a student's assignments together, and on a fresh
+    gradebook each looks the student up, finds no one and inserts them: all but the first insert
+    failed on the unique id, each logging a database traceback (a screenful per student, with
+    nothing wrong). Here another worker inserts the student just before this one's insert: the
+    grader adds no second row, fails nothing and logs nothing."""
+    import logging
+    import sqlite3
+
     from nbgrader.coursedir import CourseDirectory
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
 
     from firstprinciples.grading.parallel import ParallelAutograde
 
-    db = f"sqlite:///{tmp_path / 'gradebook.db'}"
-    real = Gradebook.update_or_create_student
-    calls = []
+    path = tmp_path / "gradebook.db"
+    db = f"sqlite:///{path}"
+    inserts = []
 
-    def racing(self, student_id, **kw):  # the first call loses the race to another worker
-        calls.append(student_id)
-        if len(calls) == 1:
-            with Gradebook(db) as other:
-                other.add_student(student_id)
-            raise InvalidEntry("UNIQUE constraint failed: student.id")
-        return real(self, student_id, **kw)
+    def first_insert_loses(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("INSERT INTO STUDENT") and not inserts:
+            inserts.append(statement)
+            other = sqlite3.connect(path)  # another worker, at this very moment
+            other.execute("INSERT INTO student (id) VALUES ('ada')")
+            other.commit()
+            other.close()
 
-    monkeypatch.setattr(Gradebook, "update_or_create_student", racing)
     grader = ParallelAutograde(coursedir=CourseDirectory(root=str(tmp_path), db_url=db))
-    grader._create_student("ada")
-    assert len(calls) == 2
+    with Gradebook(db):
+        pass  # (the tables)
+    caplog.set_level(logging.WARNING)
+    event.listen(Engine, "before_cursor_execute", first_insert_loses)
+    try:
+        grader._create_student("ada")
+        grader._create_student("bo")  # a student no one else inserts
+    finally:
+        event.remove(Engine, "before_cursor_execute", first_insert_loses)
+    assert inserts, "the race never happened: this test checks nothing"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     with Gradebook(db) as gb:
-        assert [s.id for s in gb.students] == ["ada"]
+        assert sorted(s.id for s in gb.students) == ["ada", "bo"]
 
 
 ENGINE_CACHE_SCRIPT = r'''

@@ -417,7 +417,13 @@ class RobustExecute(Execute):
         for index, reason in failed.items():
             self.log.warning("Trusted re-check failed for %s: %s",
                              self.nb.cells[index].metadata.get("nbgrader", {}).get("grade_id"), reason)
-        if notes and (self.resources or {}).get("nbgrader", {}).get("student"):
+        if not (self.resources or {}).get("nbgrader", {}).get("student"):
+            return
+        for note in notes:  # a forbidden call: a note of its own, which names the call (not a flag)
+            if note.startswith(verdicts.FORBIDDEN_NOTE):
+                add_note(self.log, self.resources, note)
+        notes = [n for n in notes if not n.startswith(verdicts.FORBIDDEN_NOTE)]
+        if notes:
             add_note(self.log, self.resources, "FLAGGED for an instructor: " + "; ".join(notes[:5])
                      + (f" (and {len(notes) - 5} more)" if len(notes) > 5 else ""))
 

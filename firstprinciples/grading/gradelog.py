@@ -8,7 +8,8 @@ is missing. With the course's config (``ParallelAutograde``) the log is instead:
 - one line per submission when it is done: progress, student, score, time and the
   grader's notes for it (the same notes as in ``grades.csv``);
 - errors (a submission that could not be graded at all), as nbgrader logs them;
-- a summary at the end: graded, full marks, zero, timed out, repaired, flagged.
+- a summary at the end: graded, already graded (by another grader or an earlier
+  run), full marks, zero, timed out, repaired, flagged.
 
 ``--Autograde.verbose=True`` (or ``--log-level=DEBUG``) brings back nbgrader's
 whole log. Workers print a result as one marked line (``RESULT_MARK`` + JSON); the
@@ -111,36 +112,46 @@ def line(done: int, total: int, res: dict) -> str:
     return text
 
 
-KINDS = ("timed out", "kernel died", "unreadable cell", "unanswered", "repaired", "flagged")
+KINDS = ("timed out", "kernel died", "unreadable cell", "unanswered", "forbidden call", "repaired", "flagged")
 
 
 def kinds(res: dict) -> set[str]:
     """What the notes of a result say happened (``KINDS``): a note is "repaired" only when it is
     none of the others (a kernel death, a cell Python cannot read or an untouched answer is not a
-    repair)."""
+    repair). A note may start with its notebook's name (``notes_of``: "softmax: unanswered: ...")."""
     out = set()
     for note in res.get("notes") or []:
+        said = note.split(": ", 1)[1] if ": " in note else note  # (what follows the notebook's name)
         if "timed out" in note or "did not finish within" in note or "did not return within" in note:
             out.add("timed out")
         elif "FLAGGED" in note:
             out.add("flagged")
         elif "the kernel died" in note:
             out.add("kernel died")
-        elif note.startswith("syntax error in "):
+        elif note.startswith("syntax error in ") or said.startswith("syntax error in "):
             out.add("unreadable cell")
-        elif note.startswith("unanswered: "):
+        elif note.startswith("unanswered: ") or said.startswith("unanswered: "):
             out.add("unanswered")
+        elif note.startswith("forbidden call: ") or said.startswith("forbidden call: "):
+            out.add("forbidden call")
         elif "failed at once" not in note:
             out.add("repaired")
     return out
 
 
-def summary(results: list[dict], total: int, failed: list[str] = (), missing: list[str] = ()) -> str:
-    """The table printed at the end of a round."""
+def summary(results: list[dict], total: int, failed: list[str] = (), missing: list[str] = (),
+            elsewhere: list[str] = ()) -> str:
+    """The table printed at the end of a round: ``results`` are the submissions this run graded,
+    ``elsewhere`` those of the round that another grader or an earlier run graded (their scores
+    are not in this table), ``missing`` those graded by no one."""
     full = [r for r in results if r.get("score") is not None and r.get("max_score")
             and float(r["score"]) >= float(r["max_score"])]
     zero = [r for r in results if r.get("score") is not None and float(r["score"]) == 0]
-    rows = [("graded", len(results), f"of {total}"), ("full marks", len(full), ""), ("zero", len(zero), "")]
+    rows = [("graded", len(results), f"of {total}")]
+    if elsewhere:  # by another grader sharing the class (one killed since included), or an earlier run
+        rows.append(("already graded", len(elsewhere), "(by another grader or an earlier run) "
+                     + ", ".join(elsewhere[:10]) + (" ..." if len(elsewhere) > 10 else "")))
+    rows += [("full marks", len(full), ""), ("zero", len(zero), "")]
     for kind in KINDS:
         who = [f"{r['student']} ({r.get('assignment', '?')})" for r in results if kind in kinds(r)]
         if who or kind in ("timed out", "repaired", "flagged"):

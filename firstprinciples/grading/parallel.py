@@ -10,11 +10,14 @@ Parallel
     With ``workers`` > 1 (``c.Autograde.workers``; default: the environment
     variable ``FP_GRADING_WORKERS``, else two a core where the memory allows it: see
     ``default_workers``) and more than one
-    submission to grade, the command splits the submissions (sorted, dealt
-    round-robin) into that many shards and forks one worker per shard, once the
-    command has loaded nbgrader, its configuration and the trusted grader (so a
-    worker starts grading at once). A worker runs nbgrader's own serial loop on
-    its shard and dies with the command (``PR_SET_PDEATHSIG``). Each worker's
+    submission to grade, the command forks that many workers, once it has loaded
+    nbgrader, its configuration and the trusted grader (so a worker starts
+    grading at once). There are no fixed batches: a worker that is free takes the
+    next submission (in sorted order) from a counter shared by the workers
+    (``Turns``), so a student who holds a worker for minutes (a hang, a timeout)
+    holds only that worker, and the others grade the rest of the class. A
+    worker grades each submission with nbgrader's own loop and dies with the
+    command (``PR_SET_PDEATHSIG``); if it dies, the others take what is left. Each worker's
     log is streamed to this command's stderr, prefixed ``[grader i/N]``; when a
     worker fails, the command fails (exit code 1) naming the students
     concerned. Each worker gets ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` =
@@ -64,8 +67,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import fcntl
 import gc
 import glob
+import importlib
 import os
 import re
 import shutil
@@ -308,9 +313,45 @@ class GraderBoundKernelManager(WarmKernelManager):
 
 
 # ---------------------------------------------------------------- helpers
-def shard_of(index: int, workers: int) -> int:
-    """Submissions, sorted, are dealt round-robin: the i-th goes to shard i mod N."""
-    return index % workers
+class Turns:
+    """Which submission a free worker grades next: 0, 1, 2, ... up to ``total`` - 1, each given once.
+
+    The count is kept in a small file made before the workers are forked (in this process's
+    socket folder, which the next grading command sweeps if this one is killed). A worker
+    takes a turn under an exclusive ``flock`` on its own opening of the file (a lock that the
+    system drops when the process holding it dies, so a worker killed at that instant blocks
+    no one), reads the count and writes it back one higher. Works wherever ``fork`` does
+    (Linux, macOS)."""
+
+    def __init__(self, total: int):
+        fd, self.path = tempfile.mkstemp(prefix="turns-", dir=socket_folder())
+        os.close(fd)
+        self.total = total
+
+    def __iter__(self):
+        fd = os.open(self.path, os.O_RDWR)  # (opened here, after the fork: a lock of this process's own)
+        try:
+            while (turn := self._take(fd)) is not None:
+                yield turn
+        finally:
+            os.close(fd)
+
+    def _take(self, fd: int) -> int | None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            turn = int(os.pread(fd, 32, 0) or b"0")
+            if turn >= self.total:
+                return None
+            os.pwrite(fd, b"%d" % (turn + 1), 0)  # (the count only grows: no shorter text to cut)
+            return turn
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        try:
+            os.remove(self.path)
+        except FileNotFoundError:
+            pass
 
 
 def default_workers(cores: int | None = None, memory: int | None = None) -> int:
@@ -373,7 +414,7 @@ class ParallelAutograde(Autograde):
     """nbgrader's ``Autograde``, graded by several processes and safe to kill and rerun."""
 
     workers = Integer(
-        help="Grading processes (each grades a share of the submissions, one notebook at a time). "
+        help="Grading processes (each takes the next submission as it frees up, one notebook at a time). "
              f"Default: ${WORKERS_ENV}, else two a core where the memory holds every sandbox at its cap "
              "(default_workers), else one a core. 1: grade serially as stock nbgrader does."
     ).tag(config=True)
@@ -423,10 +464,18 @@ class ParallelAutograde(Autograde):
         self.log.info(gradelog.line(done, self._total, res), extra={"fp_result": True})
 
     def _end_log(self, failed=()) -> None:
+        """The summary. A submission this run did not grade is "already graded" when its graded
+        folder is complete (written, without the marker of a grading in progress): another grader
+        sharing the class finished it (one killed later included: what it finished counts), or an
+        earlier run did (a plain rerun skips it); else it is "not graded"."""
         done = {(r.get("assignment"), r.get("student")) for r in self._results}
-        missing = sorted(f"{ids[1]} ({ids[0]})" for ids in map(self._ids, self.assignments)
-                         if ids is not None and ids not in done)
-        self.log.info(gradelog.summary(self._results, self._total, list(failed), missing), extra={"fp_result": True})
+        missing, elsewhere = [], []
+        for submission in sorted(self.assignments):
+            ids = self._ids(submission)
+            if ids is not None and ids not in done:
+                (elsewhere if self._finished(submission) else missing).append(f"{ids[1]} ({ids[0]})")
+        self.log.info(gradelog.summary(self._results, self._total, list(failed), sorted(missing), sorted(elsewhere)),
+                      extra={"fp_result": True})
 
     # ---------------------------------------------------------- the batch
     def _can_fork(self, workers: int) -> bool:
@@ -453,14 +502,32 @@ class ParallelAutograde(Autograde):
             return self._convert_shared(workers)
         if not self._can_fork(workers):
             return super().convert_notebooks()
-        submissions = sorted(self.assignments)
-        shards = [[s for i, s in enumerate(submissions) if shard_of(i, workers) == w] for w in range(workers)]
-        self._run_workers(workers, shards, lambda shard: self._grade_shard(shard))
+        turns = Turns(len(self.assignments))
+        try:
+            self._run_workers(workers, lambda: self._grade_turns(turns))
+        finally:
+            turns.close()
 
-    def _grade_shard(self, shard: list) -> None:
-        self.assignments = {k: v for k, v in self.assignments.items() if k in set(shard)}
-        self.log.info("Grader %s: %d submission(s)", os.environ.get(SHARD_ENV, ""), len(self.assignments))
-        Autograde.convert_notebooks(self)
+    def _grade_turns(self, turns) -> None:
+        """In a worker: grade the submissions (by their index in sorted order) that ``turns``
+        gives, one at a time, each with nbgrader's own loop; fail at the end if any failed."""
+        everything = dict(self.assignments)
+        order = sorted(everything)
+        graded, failed = 0, []
+        try:
+            for turn in turns:
+                submission = order[turn]
+                self.assignments = {submission: everything[submission]}
+                try:
+                    Autograde.convert_notebooks(self)  # (it logs which student failed, and why)
+                except NbGraderException:
+                    failed.append(submission)
+                graded += 1
+        finally:
+            self.assignments = everything
+        self.log.info("Grader %s: %d submission(s)", os.environ.get(SHARD_ENV, ""), graded)
+        if failed:
+            raise NbGraderException("Grading failed for: " + ", ".join(failed))
 
     # ------------------------------------------------- a class shared out through the database
     def _convert_shared(self, workers: int) -> None:
@@ -476,8 +543,7 @@ class ParallelAutograde(Autograde):
         if not self._can_fork(workers):
             return self._drain(queue, keys)
         queue.close()  # (no connection crosses a fork: each worker opens its own)
-        everything = sorted(self.assignments)
-        self._run_workers(workers, [everything] * workers, lambda _shard: self._drain(queue.reopen(), keys))
+        self._run_workers(workers, lambda: self._drain(queue.reopen(), keys))
 
     def _ids(self, submission: str) -> tuple | None:
         m = re.match(self._format_source("(?P<assignment_id>.*)", "(?P<student_id>.*)", escape=True), submission)
@@ -512,7 +578,9 @@ class ParallelAutograde(Autograde):
         if failed:
             raise NbGraderException("Grading failed for: " + ", ".join(f"{s} ({a})" for a, s in failed))
 
-    def _run_workers(self, workers: int, shards: list, target) -> None:
+    def _run_workers(self, workers: int, target) -> None:
+        """Fork ``workers`` workers, each running ``target()`` (which grades until nothing is left),
+        stream their logs, wait for them; fail naming the students that could not be graded."""
         submissions = sorted(self.assignments)
         threads = str(threads_per_worker(workers))
         self.log.info("Grading %d submissions with %d workers (%s thread(s) each)",
@@ -540,12 +608,12 @@ class ParallelAutograde(Autograde):
                 previous[sig] = signal.signal(sig, self._stop_workers(pids))
             sys.stdout.flush()
             sys.stderr.flush()
-            for w, shard in enumerate(shards):  # every fork before any thread starts here
+            for w in range(workers):  # every fork before any thread starts here
                 read, write = os.pipe()
                 pid = os.fork()
                 if pid == 0:  # the worker: never returns
                     os.close(read)
-                    self._work(w, workers, shard, write, threads, target)
+                    self._work(w, workers, write, threads, target)
                 os.close(write)
                 pids.append(pid)
                 pipes.append(read)
@@ -576,11 +644,13 @@ class ParallelAutograde(Autograde):
         if not failed:
             return
         students = []
+        said = {(a, s) for w in errors for a, s in errors[w]}
         for w in failed:
             named = [f"{student} ({assignment})" for assignment, student in errors[w]]
-            if not named:  # the worker died before it could say: name what it did not finish
-                named = [f"{os.path.basename(os.path.dirname(s))} ({os.path.basename(s)})"
-                         for s in shards[w] if not self._finished(s)]
+            if not named:  # the worker died before it could say: name what no one finished
+                named = [f"{os.path.basename(os.path.dirname(s))} ({os.path.basename(s)})" for s in submissions
+                         if not self._finished(s) and self._ids(s) not in said]
+                said.update(self._ids(s) for s in submissions if not self._finished(s))
             students += named or [f"grader {w + 1} (exit code {codes[w]})"]
         msg = "Grading failed for: " + ", ".join(students)
         self.log.error(msg)
@@ -615,8 +685,8 @@ class ParallelAutograde(Autograde):
             proc.kill()
             proc.wait()
 
-    def _work(self, w: int, workers: int, shard: list, output: int, threads: str, target) -> None:
-        """In a forked worker: grade ``shard`` with nbgrader's own loop, log into ``output``, exit."""
+    def _work(self, w: int, workers: int, output: int, threads: str, target) -> None:
+        """In a forked worker: grade (``target()``), log into ``output``, exit."""
         code = 1
         try:
             WarmTemplate.adopt(w)
@@ -633,7 +703,7 @@ class ParallelAutograde(Autograde):
                 sys.modules["torch"].set_num_threads(int(threads))
             asyncio.set_event_loop(None)  # kernels are driven by an event loop of this process's own
             jupyter_core.utils._loop.set(None)
-            target(shard)
+            target()
             code = 0
         except NbGraderException:
             pass  # nbgrader has logged which students failed
@@ -749,18 +819,29 @@ class ParallelAutograde(Autograde):
         super().init_assignment(assignment_id, student_id)
 
     def _create_student(self, student_id: str) -> None:
-        """Add the student to the gradebook before nbgrader does, allowing for a race: two
-        workers (or machines) grading two assignments of a student the gradebook does not know
-        yet both try to insert them, and the second insert fails on the unique id. Once one of
-        them has, nbgrader's own ``update_or_create_student`` finds the student."""
-        from nbgrader.api import Gradebook, InvalidEntry
+        """Add the student to the gradebook before nbgrader does, so that no two workers (or
+        machines) race to insert them. Workers that take the next submission as they free up
+        start on a student's assignments together; on a gradebook that does not know the
+        student yet, nbgrader's ``update_or_create_student`` (look up, then insert) fails on the
+        unique id for all but one of them, and logs a database traceback for each (a screenful
+        per student, before the first result, with nothing wrong). Here the row is inserted
+        only if it is absent, in one statement (``INSERT ... ON CONFLICT DO NOTHING``: SQLite
+        and PostgreSQL); nbgrader's own call then finds the student. Another database: nbgrader's
+        insert, tried again when another process was first."""
+        from nbgrader.api import Gradebook, InvalidEntry, Student
 
         if not self.create_student:
             return
         for attempt in range(5):
             try:
                 with Gradebook(self.coursedir.db_url, self.coursedir.course_id) as gb:
-                    gb.update_or_create_student(student_id)
+                    dialect = gb.engine.dialect.name
+                    if dialect not in ("sqlite", "postgresql"):
+                        gb.update_or_create_student(student_id)
+                        return
+                    insert = importlib.import_module(f"sqlalchemy.dialects.{dialect}").insert
+                    gb.db.execute(insert(Student.__table__).values(id=student_id).on_conflict_do_nothing())
+                    gb.db.commit()
                 return
             except InvalidEntry:  # another process inserted them first: the next try finds them
                 time.sleep(0.05 * (attempt + 1))

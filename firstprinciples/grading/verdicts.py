@@ -8,7 +8,7 @@ their results compared with the course's reference, the verdict made final in ev
   in a service. The grading process never imports torch: its kernels and runners are forked
   from the template (``warm``), which has torch imported, and so is its trusted side: one more
   child of the template, ``serve`` (``Service``), started beside the process's first kernel and
-  kept for its later notebooks (a grading worker's whole shard). It is trusted code only (the
+  kept for its later notebooks (every one a grading worker grades). It is trusted code only (the
   template's clean state, then this module; it never runs a cell of a notebook and never loads
   a student's code) and it asks the template for the runners as the grader would. While a
   kernel runs the cells it makes the plan and computes the reference's results, on the other
@@ -101,10 +101,20 @@ def _merged(first: tuple, second: tuple) -> tuple[dict, list]:
     return {**first[0], **second[0]}, sorted(set(first[1]) | set(second[1]))
 
 
+FORBIDDEN_NOTE = "forbidden call: "  # the start of a note that names what a piece must not call
+
+
 def _final(nb, plan, outcomes: dict, flags: list) -> tuple[dict, list]:
+    """(test cell index -> why it fails, the notes): the flags for an instructor, then one note per
+    piece that the re-check caught calling what it must not use (``FORBIDDEN_NOTE``, the piece and
+    the re-check's own words: which call, and where), so that its zero says why in grades.csv."""
     failed, flagged = trusted.apply(nb, plan, outcomes)
     reaching = scan.internals_flags(plan.infos)  # (first: an instructor reads the notes' start)
     notes = reaching + sorted((set(flags) | {f for fs in flagged.values() for f in fs}) - set(reaching))
+    for name, found in sorted(outcomes.items()):
+        calls = [c["error"] for c in (found.cases if found else []) if isinstance(c, dict) and c.get("forbidden")]
+        if calls:
+            notes.append(f"{FORBIDDEN_NOTE}{name}: {calls[0]}")
     return failed, notes
 
 
@@ -186,7 +196,7 @@ class ServiceError(RuntimeError):
 
 class Service:
     """The trusted side of this process's checks, in a child of the template (``serve``): one a
-    process, given one notebook after another (a grading worker's whole shard)."""
+    process, given one notebook after another (every one a grading worker grades)."""
 
     _current: dict = {}  # (pid of the owning process, template) -> Service
 
