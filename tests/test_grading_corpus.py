@@ -65,14 +65,28 @@ FILES = [
 import glob, json, os, sys
 conn = sys.argv[sys.argv.index("-f") + 1]
 folder = os.path.dirname(json.load(open(conn))["ip"])
+print("SEEN:", sorted(os.path.basename(p) for p in glob.glob(os.path.join(os.path.dirname(folder), "**"), recursive=True)),
+      flush=True)
+import time; time.sleep(0.5)  # (the output reaches the notebook before the write below, which kills the kernel)
 for where in (folder, os.path.dirname(folder)):
     try:
         with open(os.path.join(where, "left-by-snoop-{i}"), "w") as f:
             f.write("hello")
     except OSError:
         pass
-print("SEEN:", sorted(os.path.basename(p) for p in glob.glob(os.path.join(os.path.dirname(folder), "**"), recursive=True)))
 ''')]} for i in range(3)
+] + [
+    # a loop of files into the one host folder the kernel can write to (its sockets' folder): each
+    # file is capped in size, not in number; the grader kills the kernel at the first one
+    {"id": "files_socket_folder_flood", "assignment": "softmax", "answers": {"softmax": SOFTMAX_CORRECT}, "extra": [
+        ("after:try_it_code", '''
+import json, os, sys
+folder = os.path.dirname(json.load(open(sys.argv[sys.argv.index("-f") + 1]))["ip"])
+for i in range(400):
+    with open(os.path.join(folder, f"flood-{i}"), "wb") as f:
+        f.write(b"x" * 2**20)
+print("FLOOD DONE")
+''')]},
 ]
 ENTRIES = {e["id"]: e for e in HONEST + ATTACKS + FILES}
 assert len(ENTRIES) == len(HONEST) + len(ATTACKS) + len(FILES), "duplicate ids in the corpora"
@@ -255,6 +269,21 @@ def test_output_of_every_kind_is_capped(graded):
     size = path.stat().st_size
     assert size < 2_000_000, f"{size:,} bytes"  # the cap is 200,000 characters per cell, 4 bomb cells
     assert float(graded[1]["files_output_bomb"]["score"]) == 10
+
+
+def test_a_kernel_that_writes_into_its_socket_folder_is_stopped(graded):
+    """The socket folder is writable to the kernel for its sockets only: the grader, watching it
+    from outside, kills the kernel at its first file (the flood never finishes), removes what it
+    wrote, says why in the notes, and grades the rest of the notebook in a fresh kernel."""
+    course = graded[0]
+    entry = ENTRIES["files_socket_folder_flood"]
+    nb = _autograded(graded, entry)
+    text = " ".join(str(o.get("text", "")) for c in nb.cells for o in c.get("outputs", []))
+    assert "FLOOD DONE" not in text
+    row = graded[1][entry["id"]]
+    assert float(row["score"]) == 10
+    assert "folder the grader keeps for its sockets" in row["notes"], row["notes"]
+    assert not [p for p in scratch(course).rglob("flood-*")]
 
 
 def test_kernels_share_no_writable_folder_and_leave_nothing(graded):

@@ -48,7 +48,7 @@ from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Float, Integer
 
-from . import kernelstate, scan, trusted, verdicts, warm
+from . import folderwatch, kernelstate, scan, trusted, verdicts, warm
 from .notes import add_note
 
 FAULT_NAME = "GradingFault"
@@ -290,8 +290,11 @@ class RobustExecute(Execute):
                 if self._hung or self._slow:
                     self._abandon_ahead()
             elif fault is not None:
-                self._add_note(f"{_grade_id(cell) or f'code cell {index + 1}'}: the kernel died (it crashed, "
-                               "exited, or went over the memory or CPU limit); grading went on in a fresh kernel")
+                why = folderwatch.reason(getattr(self.km, "_own_folder", None))
+                self._add_note(f"{_grade_id(cell) or f'code cell {index + 1}'}: the kernel died ("
+                               + (f"the grader stopped it: {why}" if why else
+                                  "it crashed, exited, or went over the memory or CPU limit")
+                               + "); grading went on in a fresh kernel")
             if fault is None:
                 if not cell.get("metadata", {}).get("nbgrader", {}).get("grade", False):
                     clean.append(index)

@@ -93,7 +93,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from traitlets import Bool, Float, Integer, default
 
-from . import gradelog, sharedqueue
+from . import folderwatch, gradelog, sharedqueue
 from .notes import MARKER
 from .sandbox import sweep_cgroups
 from .warm import Template as WarmTemplate
@@ -300,9 +300,17 @@ class GraderBoundKernelManager(WarmKernelManager):
     async def _async_launch_kernel(self, kernel_cmd, **kw):
         if "preexec_fn" not in kw and self._warm_preexec() is not None:
             kw["preexec_fn"] = self._warm_preexec()
-        return await super()._async_launch_kernel(kernel_cmd, **kw)
+        out = await super()._async_launch_kernel(kernel_cmd, **kw)
+        watch = folderwatch.watcher() if self._own_folder else None
+        proc = getattr(self.provisioner, "process", None)
+        if watch is not None and proc is not None:
+            # the folder is writable to the kernel for its sockets only: anything else kills it
+            watch.watch(self._own_folder, proc.kill)
+        return out
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        if not restart and self._own_folder and folderwatch.watcher() is not None:
+            folderwatch.watcher().forget(self._own_folder)
         await super()._async_cleanup_resources(restart=restart)
         if not restart and self._own_folder:
             shutil.rmtree(self._own_folder, ignore_errors=True)  # whatever the kernel left there
