@@ -5,6 +5,7 @@ One build serves every test in this file (the browser tests included): a fresh
 Sphinx build into a temporary folder (so that every warning is raised again),
 with the execution cache shared with the README's build (`_build/.jupyter_cache`).
 """
+import ast
 import html as html_lib
 import json
 import re
@@ -66,6 +67,35 @@ def test_code_lines_fit_their_box():
                 f"{line.strip()[:40]} ({len(line)} > {width})" for line in lines if len(line) > width)
     long = {name: lines for name, lines in long.items() if lines}
     assert not long, f"code lines longer than their box: {long}"
+
+
+# What a chapter may not import: the in-kernel checkers and the grader. A worked example or a
+# tool that a chapter shares with a check lives in ``firstprinciples.examples`` (or
+# ``firstprinciples.memory``), and both import it from there (one place for each).
+GRADER_PACKAGES = ("firstprinciples.checks", "firstprinciples.grading")
+
+
+def _imported_modules(code):
+    """The modules a cell's code imports, as dotted names (``from a import b`` gives a.b)."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    python = TransformerManager().transform_cell("\n".join(code))  # IPython's magics made Python
+    for node in ast.walk(ast.parse(python)):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield from (f"{node.module}.{a.name}" for a in node.names)
+
+
+@pytest.mark.parametrize("page", [f for f in toc_files() if not f.startswith("exercises/")])
+def test_no_chapter_imports_a_checker(page):
+    """A page's code imports neither the checks nor the grader: what it shares with them comes
+    from firstprinciples.examples or firstprinciples.memory."""
+    found = sorted({name for _, code in _code_cells((ROOT / f"{page}.md").read_text())
+                    for name in _imported_modules(code)
+                    if any(name == p or name.startswith(p + ".") for p in GRADER_PACKAGES)})
+    assert not found, (f"{page} imports {', '.join(found)}: take the example or tool from "
+                       "firstprinciples.examples (or firstprinciples.memory) instead")
 
 
 def _outputs(page):

@@ -34,10 +34,9 @@ Decisions stated once:
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
+from ..examples.alibi import paper_slopes
 from ..reference import alibi_bias as reference
 from ..reference import causal_mask, scaled_dot_product_attention
 from ._core import Mistake, call_answer, fmt, with_diagnosis
@@ -67,18 +66,6 @@ def _slopes(n_heads, rule):
 def alibi_bias_slopes(n_heads):
     """The contract's slopes in float64: m_h = 2^(-8 (h + 1) / n_heads)."""
     return _slopes(n_heads, "contract")
-
-
-def paper_slopes(n_heads):
-    """The ALiBi paper's slopes: 2^(-8 (h + 1) / n) for a power of two n; otherwise those of the
-    power of two p below n, then every other slope of 2p, the first n - p of them."""
-    def power(n):
-        return [2 ** (-8 * (h + 1) / n) for h in range(n)]
-
-    p = 2 ** int(math.floor(math.log2(n_heads)))
-    if p == n_heads:
-        return power(n_heads)
-    return power(p) + power(2 * p)[0::2][:n_heads - p]
 
 
 def _variant(rule="contract", distance="causal", upper=0.0, sign=-1.0, layout="heads first", cast=True):

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..examples.modern_block import WORKED_X, gqa_parameter_count
 from ..reference import MultiHeadAttention, causal_mask
 from ..reference import merge_heads as ref_merge_heads
 from ..reference import scaled_dot_product_attention as ref_attention
@@ -52,13 +53,6 @@ FORBIDDEN_RMS = dict(torch_patterns=("rms_norm", "RMSNorm"), pieces=PIECES, what
 FORBIDDEN_SWIGLU = dict(torch_patterns=(), pieces=PIECES, what="the SwiGLU feed-forward network")
 FORBIDDEN_GQA = dict(torch_patterns=("scaled_dot_product_attention", "multi_head_attention", "MultiheadAttention"),
                      pieces=PIECES, what="grouped-query attention")
-
-# The worked example: one token (1, 2, 2, 4). Its mean square is 25/4, its RMS 2.5, so with
-# weight ones the output is (0.4, 0.8, 0.8, 1.6).
-WORKED_X = (1.0, 2.0, 2.0, 4.0)
-WORKED_RMS = 2.5
-WORKED_OUT = (0.4, 0.8, 0.8, 1.6)
-
 
 def _dtype_name(dtype):
     return str(dtype).replace("torch.", "")
@@ -503,10 +497,6 @@ def load_gqa_weights(module, mats):
             if layer.bias is not None:
                 raise AssertionError(f"GroupedQueryAttention.{name} should have no bias: nn.Linear(..., bias=False).")
             layer.weight.copy_(W)
-
-
-def gqa_parameter_count(d, n_heads, n_kv):
-    return 2 * d * d + 2 * d * n_kv * (d // n_heads)
 
 
 GQA_SIZES = [(16, 4, 2), (16, 4, 1), (16, 4, 4), (24, 6, 3), (32, 8, 2), (128, 8, 2)]

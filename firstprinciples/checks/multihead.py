@@ -22,6 +22,7 @@ import math
 import torch
 from torch import nn
 
+from ..examples.multihead import EXAMPLE_HEADS, split_example
 from ..guard import ForbiddenCall, call_without
 from ..reference import causal_mask
 from ..reference import merge_heads as ref_merge_heads
@@ -38,19 +39,6 @@ FORBIDDEN_MERGE = dict(torch_patterns=TORCH_PATTERNS, pieces=PIECES, what="merge
 FORBIDDEN_MHA = dict(torch_patterns=TORCH_PATTERNS, pieces=PIECES, what="multi-head attention")
 
 PROJECTIONS = ("W_q", "W_k", "W_v", "W_o")
-
-
-# ---------------------------------------------------------------- worked example
-def split_example(dtype=torch.float64):
-    """Two tokens of width d_model = 6, numbered 0..11, to be cut into 3 heads of width 2.
-
-    Token 0 is [0, 1, 2, 3, 4, 5] and token 1 is [6, ..., 11], so head h should
-    hold features 2h and 2h + 1 of both tokens: head 0 is [[0, 1], [6, 7]].
-    """
-    return torch.arange(12, dtype=dtype).reshape(1, 2, 6)  # (B=1, T=2, d_model=6)
-
-
-EXAMPLE_HEADS = 3
 
 
 # ---------------------------------------------------------------- mistakes: split and merge

@@ -33,6 +33,7 @@ import math
 
 import torch
 
+from ..examples.sampling import DELTA, LOGITS, N_DRAWS, WORDS, allowed_deviation
 from ..guard import ForbiddenCall, call_without
 from ..reference import next_token_probabilities, sample_next_token as reference
 from ..reference.sampling import kept_probabilities
@@ -41,23 +42,11 @@ from ._core import Mistake, expect_tensor
 
 FORBIDDEN = dict(pieces=("sample_next_token", "next_token_probabilities"), what="the sampler")
 
-# The chapter's example: six next words and their logits.
-WORDS = ("tired", "hungry", "scared", "wide", "steep", "muddy")
-LOGITS = (2.0, 1.0, 0.5, 0.0, -1.0, -2.0)
-N_DRAWS = 10_000
-DELTA = 1e-9  # false-failure probability of one token's frequency test
-
 # The parameter combinations of the temperature, top-k and top-p tests on the example
 # (the trusted re-check uses the same ones, on the example's logits permuted).
 TEMPERATURE_CASES = ({"temperature": 1.0}, {"temperature": 0.5}, {"temperature": 2.0})
 TOP_K_CASES = ({"top_k": 1}, {"top_k": 3}, {"top_k": 6}, {"temperature": 0.5, "top_k": 2})
 TOP_P_CASES = ({"top_p": 0.9}, {"top_p": 0.5}, {"top_k": 3, "top_p": 0.85}, {"temperature": 0.5, "top_p": 0.9})
-
-
-def allowed_deviation(n, p, delta=DELTA):
-    """The t with 2 exp(-t^2 / (2 (n p (1 - p) + t / 3))) = delta (Bernstein's inequality)."""
-    L = math.log(2 / delta)
-    return L / 3 + math.sqrt(L * L / 9 + 2 * n * p * (1 - p) * L)
 
 
 # ---------------------------------------------------------------- mistakes

@@ -27,11 +27,10 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from .. import examples
 from ..guard import call_without
+from ..memory import StorageSizes
 from ..reference import scaled_dot_product_attention as attention
 from ._student import wrap_checks
 from ._core import Mistake, assert_matches, diagnose, expect_tensor
@@ -44,31 +43,6 @@ FORBIDDEN = dict(
 
 
 # ---------------------------------------------------------------- measuring memory
-class StorageSizes(TorchDispatchMode):
-    """Records the largest storage (in elements) of any tensor a torch operation creates."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest, self.shape, self.op = 0, (), ""
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # (torch's switch for a mode's own ``__torch_dispatch__``: when on, torch wraps it so that
-        # torch.compile skips it, and the wrapper imports torch._dynamo at its first call: 0.7-1 s
-        # in every kernel, re-check and service that measures a tiled attention. Off, a compiled
-        # answer is compiled with the mode's recording inside it and reports the same sizes.)
-        return False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                n = t.untyped_storage().nbytes() // max(t.element_size(), 1)
-                if n > self.largest:
-                    self.largest, self.shape, self.op = n, tuple(t.shape), str(func.overloadpacket.__name__)
-        return out
-
-
 def allowed_elements(Q, K, V, block_size):
     """The most elements one intermediate may hold: (..., T_q, block_size), the output or an input."""
     lead = math.prod(Q.shape[:-2])

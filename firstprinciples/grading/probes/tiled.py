@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...checks import tiled as C
+from ...memory import StorageSizes
 from ...reference import tiled_attention
 from . import Probe, aspect, normal, register
 
@@ -23,7 +24,7 @@ def run(fn, case):
     block, causal = int(case["block_size"]), bool(case["causal"])
     if "memory" not in case["tags"]:
         return {"output": fn(Q, K, V, block_size=block, causal=causal)}
-    sizes = C.StorageSizes()
+    sizes = StorageSizes()
     with sizes:
         out = fn(Q, K, V, block_size=block, causal=causal)
     limit = C.allowed_elements(case["Q"], case["K"], case["V"], block)

@@ -1,8 +1,15 @@
 """The worked examples that appear in the chapters, the exercises and the grader.
 
+One place for each: the chapters, the checks and the re-check's probes import
+them from here (a chapter never imports a checker). This module holds the
+attention chapter's example; the other chapters' are in the modules of this
+package named after their exercise's checks (``examples.rnn``, ``examples.qkv``,
+``examples.multihead``, ``examples.sampling``, ``examples.alibi``,
+``examples.modern_block``).
+
 "Cat sat mat": three tokens, d_k = 2, the query of "Cat" against the keys and
 values of all three tokens. The queries, keys and values are the projections
-worked out in the chapter "Queries, keys and values" (``checks.qkv``).
+worked out in the chapter "Queries, keys and values" (``examples.qkv``).
 
 The figures the book quotes (``RAW_SCORES``, ``SCALED_SCORES``, ``WEIGHTS``,
 ``OUTPUT``) are not typed in: they are computed below from the example's
