@@ -128,7 +128,7 @@ class MatmulWork(TorchDispatchMode):
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        return False  # (as ``checks.tiled.StorageSizes``: no torch._dynamo import at the first call)
+        return False  # (as ``memory.StorageSizes``: no torch._dynamo import at the first call)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

@@ -44,7 +44,7 @@ import gc
 # command's one notebook mostly never needs it): torch._dynamo, 0.9-1.3 s and 300 modules,
 # imported by the first call of any torch function wrapped by ``torch._disable_dynamo`` (an
 # optimizer's step: the capstone's kernels), or by a student's cell that imports it (the course's
-# own dispatch mode, tiled attention's memory measure, opts out: ``checks.tiled.StorageSizes``).
+# own dispatch mode, tiled attention's memory measure, opts out: ``memory.StorageSizes``).
 # A grading process's trusted service that needed one asks the template to import it between
 # two requests (``Template.preload``), so that every child forked after has it, as children
 # have torch.

@@ -5,9 +5,12 @@ sizes, one key at a time, the first query's best key last), ``random`` (batch di
 block sizes 1 to 64), ``causal``, ``large`` (scores in the hundreds, largest in the last blocks)
 and ``memory``. Outputs are compared with the reference within the dtype's tolerance. For
 ``memory`` the runner also watches every tensor that every torch operation creates
-(``checks.tiled.StorageSizes``) and reports the largest one beyond the bound of the test
+(``memory.StorageSizes``) and reports the largest one beyond the bound of the test
 (``allowed_elements``), or "none": the reference's report is "none", so an answer that builds
-the (T_q, T_k) matrix fails the case whatever its values.
+the (T_q, T_k) matrix fails the case whatever its values. A dispatch mode can be switched off by
+the answer (``torch._C._DisableTorchDispatch``), so the watch's profiler also records every
+allocation at torch's allocator on those cases, and the grader fails one larger than the bound
+(``memory``, ``Probe.memory``).
 """
 from __future__ import annotations
 
