@@ -231,9 +231,8 @@ def main() -> None:
     # Before any student code: the identities of the functions each piece must not call, as this
     # process holds them. The grader keeps them; what the runner reports later is only what it
     # saw, matched there (a table emptied here afterwards changes nothing).
-    send({"event": "baseline", "ids": {
-        p["name"]: observe.identities(observe.forbidden_python(**{k: v for k, v in registry[p["name"]].watch().items()}))
-        for p in job["pieces"] if p["name"] in registry}})
+    send({"event": "baseline", "ids": {name: observe.identities(observe.forbidden_python(**probe.watch()))
+                                       for name, probe, _cases, _state in pieces}})
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     shell = Shell(namespace)
     namespace.update(ipython_names(shell))
