@@ -12,7 +12,8 @@ torch's internals. ``student_facing`` wraps each public check so that
   a one-line hint (``HINTS``: each row fires only on the error it describes);
 - the traceback of any failure keeps only the student's frames (the check's
   own frames, the guard's and the libraries' are cut). The one frame left of
-  the course's is marked ``__tracebackhide__``, which IPython 8 hides.
+  the course's is marked ``__tracebackhide__``; where no frame of the student's is left,
+  the test cell is shown once (``_caller_tb``).
 
 A frame is the student's when its code was not loaded from the course package,
 the standard library or an installed package: notebook cells
@@ -398,21 +399,49 @@ def student_facing(check):
                 message = explain(err)
                 if message:
                     new = _retyped(err, message)
-                    raise new.with_traceback(_student_tb(tb) or _caller_tb()) from None
+                    raise new.with_traceback(_student_tb(tb) or _caller_tb(new)) from None
                 err._fp_explained = True
-            raise err.with_traceback(_student_tb(tb) or _caller_tb()) from None
+            raise err.with_traceback(_student_tb(tb) or _caller_tb(err)) from None
 
     wrapper._fp_student_facing = True
     return wrapper
 
 
-def _caller_tb():
-    """A traceback entry for the caller of the check (the test cell): the last frame shown."""
+class _HiddenWhileItsCheckFails:
+    """The ``__tracebackhide__`` of a notebook's namespace (that of its module-level cell frames): true
+    only while IPython shows the failure of a check whose traceback ends with the test cell's frame
+    again (``_caller_tb``); false for every other error, and in a debugger after the fact."""
+
+    def __bool__(self):
+        return bool(getattr(sys.exc_info()[1], "_fp_repeats_caller", False))
+
+    def __repr__(self):
+        return "<true while a course check's failure is shown>"
+
+
+_HIDE_REPEATED_CALLER = _HiddenWhileItsCheckFails()
+
+
+def _caller_tb(err=None):
+    """A traceback entry for the caller of the check (the test cell): the last frame shown.
+
+    Raised from the wrapper, the error's traceback is then (test cell, wrapper, test cell again):
+    IPython 9 shows the last frame even when it is marked hidden, so the wrapper cannot be last,
+    and the test cell would be shown twice around "[... skipping hidden 1 frame]". The first of the
+    two is hidden instead: ``err`` is marked, and the cell's namespace gets a ``__tracebackhide__``
+    that is true only while such an error is shown (IPython reads it from the frame's locals, which
+    for a cell are the notebook's namespace)."""
     frame = sys._getframe(2)
     while frame is not None and getattr(frame.f_code, "co_name", "") == "wrapper" and frame.f_locals.get("__tracebackhide__"):
         frame = frame.f_back
     if frame is None:
         return None
+    if err is not None and frame.f_code.co_name == "<module>" and _kind(frame.f_code.co_filename) == "student":
+        try:
+            err._fp_repeats_caller = True
+            frame.f_globals.setdefault("__tracebackhide__", _HIDE_REPEATED_CALLER)
+        except (AttributeError, TypeError):  # an error type that takes no attributes: shown twice
+            pass
     return types.TracebackType(None, frame, frame.f_lasti, frame.f_lineno)
 
 
