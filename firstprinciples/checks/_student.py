@@ -257,7 +257,9 @@ def _hint_matmul(err, text, line, tensors, params):
             return (f"{rule}. {a} is {sa} and {b} is {sb}: {b}'s last dimension is the one that fits, so "
                     f"transpose its last two, `{a} @ {b}.transpose(-2, -1)` (as in Q K^T).")
         return f"{rule}. {a} is {sa} and {b} is {sb}: {sa[-1]} against {sb[-2]}."
-    return f"{rule} ({_shapes_where(tensors)}; a layer's input must end with its in_features)."
+    layer = "" if re.search(r"@|matmul|\bmm\(|bmm\(", line) else (
+        "; a layer nn.Linear(in_features, out_features) takes inputs whose last dimension is in_features")
+    return f"{rule} ({_shapes_where(tensors)}{layer})."
 
 
 def _hint_matmul_batch(err, text, line, tensors, params):
