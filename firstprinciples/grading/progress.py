@@ -33,6 +33,7 @@ class Row:
     earned: float = 0.0
     total: float = 0.0
     failing: tuple[str, ...] = ()  # grade ids of the visible tests that fail
+    tests: int = 0  # how many visible tests it has
     problem: str = ""  # why it could not be run ('' when it ran)
 
 
@@ -77,6 +78,7 @@ def progress(path: Path, name: str, timeout: int = 120, imported=None) -> Row:
     row.earned = sum(r[1] for r in results)
     row.total = sum(r[2] for r in results)
     row.failing = tuple(gid for gid, score, points, _ in results if score < points)
+    row.tests = len(results)
     return row
 
 
@@ -90,7 +92,8 @@ def table(rows: list[Row]) -> str:
             lines.append(f"  {r.notebook:<{width}}  {'-':>7}  {time:>7}  {r.problem}")
             continue
         score = f"{r.earned:g}/{r.total:g}"
-        lines.append(f"  {r.notebook:<{width}}  {score:>7}  {time:>7}  {', '.join(r.failing) or 'none'}")
+        failing = "all" if len(r.failing) == r.tests > 1 else ", ".join(r.failing) or "none"
+        lines.append(f"  {r.notebook:<{width}}  {score:>7}  {time:>7}  {failing}")
     ran = [r for r in rows if not r.problem]
     earned, total = sum(r.earned for r in ran), sum(r.total for r in ran)
     done = sum(1 for r in ran if r.earned == r.total)
