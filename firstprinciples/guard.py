@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import sys
 import threading
+import warnings
 
 from torch.overrides import TorchFunctionMode, resolve_name
 
@@ -46,6 +49,52 @@ class ForbiddenCall(AssertionError):
     """Raised when an answer calls what it was asked to implement."""
 
 
+_HERE = os.path.abspath(__file__)
+_PASSING_ON = (_HERE, os.path.abspath(warnings.__file__))  # frames that only pass a call or a warning on
+
+
+def _torch_dir():
+    import torch
+
+    return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+def _caller_of_torch():
+    """The innermost frame that is neither this module's, the warnings module's nor torch's: the
+    line that called torch (the student's, when the guard watches the student's code)."""
+    torch_dir = _torch_dir()
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if path not in _PASSING_ON and not path.startswith(torch_dir):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+@contextlib.contextmanager
+def _warnings_at_the_callers_line():
+    """While the watcher runs torch's functions, a warning they raise (torch's ``x.T`` deprecation,
+    "implicit dimension choice for softmax") is issued from the watcher's frame, here, and would be
+    shown as this file's: it is shown at the line that called torch instead. Warnings go through
+    ``warnings._showwarnmsg`` both to the screen (IPython's ``showwarning`` included) and to
+    ``catch_warnings(record=True)``, so the place is changed there, before either sees it."""
+    original = warnings._showwarnmsg
+
+    def show(msg):
+        if isinstance(msg.filename, str) and os.path.abspath(msg.filename) == _HERE:
+            frame = _caller_of_torch()
+            if frame is not None:
+                msg.filename, msg.lineno, msg.line = frame.f_code.co_filename, frame.f_lineno, None
+        original(msg)
+
+    warnings._showwarnmsg = show
+    try:
+        yield
+    finally:
+        warnings._showwarnmsg = original
+
+
 @contextlib.contextmanager
 def forbid(torch_patterns=(), pieces=()):
     """Record calls to torch functions whose qualified name contains one of
@@ -56,7 +105,7 @@ def forbid(torch_patterns=(), pieces=()):
     watcher = _Watcher(torch_patterns, pieces)
     _state.watchers = _active_watchers() + [watcher]
     try:
-        with watcher:
+        with watcher, _warnings_at_the_callers_line():
             yield watcher.hits
     finally:
         _state.watchers = [w for w in _active_watchers() if w is not watcher]

@@ -8,7 +8,7 @@ the reference, float tokens, ignoring top_p). Each must fail exactly the checks 
 from __future__ import annotations
 
 import torch
-from checktable import (correct_answers_test, expectations_test, messages_test, naming_test, rejections_test,
+from checktable import (assert_names_the_mistake, correct_answers_test, outcome, expectations_test, messages_test, naming_test, rejections_test,
                         variants_test)
 
 from course import as_student_code
@@ -77,6 +77,36 @@ def divides_by_zero(logits, temperature=1.0, top_k=None, top_p=None, generator=N
     return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).reshape(logits.shape[:-1])
 
 
+def stops_on_non_finite(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """An inverse CDF that refuses probabilities that are not finite: at temperature 0 it raises an
+    error of its own, not torch's."""
+    p = _filtered(logits, temperature, top_k, top_p)
+    if not bool(torch.isfinite(p).all()):
+        raise ValueError("the probabilities are not finite")
+    u = torch.rand(p.shape[:-1] + (1,), generator=generator, dtype=p.dtype)
+    cdf = p.cumsum(-1)
+    return (cdf < u * cdf[..., -1:]).sum(-1).clamp(max=p.shape[-1] - 1)
+
+
+def top_p_before_top_k(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """A student's sampler that chooses the top-p set from the whole distribution and the top-k set from
+    the logits, and keeps the tokens in both."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    x = logits / temperature
+    p = torch.softmax(x, dim=-1)
+    keep = torch.ones_like(p, dtype=torch.bool)
+    if top_k is not None:
+        keep &= x >= x.topk(min(top_k, x.shape[-1]), dim=-1).values[..., -1:]
+    if top_p is not None:
+        sorted_p, order = p.sort(dim=-1, descending=True)
+        before = sorted_p.cumsum(-1) - sorted_p
+        keep &= torch.zeros_like(keep).scatter(-1, order, before < top_p)
+    p = torch.where(keep, p, torch.zeros_like(p))
+    flat = p.reshape(-1, p.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator)[:, 0].reshape(logits.shape[:-1])
+
+
 def calls_reference(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     return reference.sample_next_token(logits, temperature, top_k, top_p, generator)
 
@@ -105,9 +135,10 @@ MISTAKE_FAILS = {
     "top-k keeps k - 1 tokens": {"top_k"},
     "top-k sets the other logits to 0": {"top_k", "top_p"},
     "top-p drops the token that crosses the threshold": {"top_p"},
-    "top-p on the top-k probabilities without renormalising": {"top_p"},
+    "top-p on the probabilities before top-k": {"top_p"},
     "top-p chosen before the temperature": {"top_p"},
     "inverse CDF on unnormalised probabilities": {"top_k", "top_p"},
+    "temperature 0 divides the logits": {"greedy"},
     "greedy draws a random number": {"greedy"},
     "generator ignored": {"generator"},
     "an extra last dimension of size 1": ALL - {"greedy"},
@@ -116,6 +147,8 @@ VARIANTS = {m.label: (m.fn, MISTAKE_FAILS[m.label]) for m in S.MISTAKES}
 VARIANTS.update({
     "divides by a temperature of 0": (divides_by_zero, {"greedy", "top_k", "top_p"}),
     "calls the reference": (calls_reference, ALL),
+    "stops on non-finite probabilities": (stops_on_non_finite, {"greedy"}),
+    "top-p before top-k (a student's)": (top_p_before_top_k, {"top_p"}),
     "float tokens": (float_tokens, ALL),
     "top_p ignored": (top_p_ignored, {"top_p"}),
     "reads only the first row": (first_row_only, {"temperature", "top_k", "top_p"}),
@@ -131,7 +164,7 @@ test_failure_names_the_mistake = naming_test(CHECKS, VARIANTS, [
     ("logits multiplied by the temperature", "temperature"),
     ("top-k keeps k + 1 tokens", "top_k"),
     ("top-p drops the token that crosses the threshold", "top_p"),
-    ("top-p on the top-k probabilities without renormalising", "top_p"),
+    ("top-p on the probabilities before top-k", "top_p"),
     ("top-p chosen before the temperature", "top_p"),
 ])
 test_messages = messages_test(CHECKS, VARIANTS, [
@@ -140,6 +173,12 @@ test_messages = messages_test(CHECKS, VARIANTS, [
     ("an extra last dimension of size 1", "shapes", ["(N, 1)"]),
     ("top-k sets the other logits to 0", "top_k", ["must never be drawn"]),
     ("calls the reference", "greedy", ["scores 0"]),
+    # torch's own error at temperature 0 comes with the mistake that causes it
+    ("divides by a temperature of 0", "greedy", ["With temperature 0", "raised RuntimeError in your code",
+                                                 "temperature 0 divides the logits"]),
+    ("stops on non-finite probabilities", "greedy", ["the probabilities are not finite",
+                                                     "It runs with temperature 1 on the same logits"]),
+    ("top-p before top-k (a student's)", "top_p", ["top-p on the probabilities before top-k"]),
 ])
 
 
@@ -162,3 +201,15 @@ def test_reference_matches_an_independent_filter():
         logits = torch.randn(5, 9, generator=g, dtype=torch.float64)
         want = _filtered(logits, kwargs.get("temperature", 1.0), kwargs.get("top_k"), kwargs.get("top_p"))
         assert torch.allclose(reference.next_token_probabilities(logits, **kwargs), want, atol=1e-12)
+
+
+def test_top_p_before_top_k_is_not_called_top_k_keeping_k_plus_1():
+    """With top_k=3, top_p=0.85 both keep the same 3 tokens; the student's top_k alone is right."""
+    ok, err = outcome(CHECKS["top_p"], top_p_before_top_k)
+    assert not ok and "k + 1" not in str(err), str(err)
+    # nor a sampler that draws, 177 times in 10,000, tokens this one never draws
+    assert "inverse CDF" not in str(err), str(err)
+
+
+def test_top_k_keeping_k_plus_1_is_still_named_in_the_top_p_test():
+    assert_names_the_mistake(CHECKS["top_p"], VARIANTS["top-k keeps k + 1 tokens"][0], "top-k keeps k + 1 tokens")

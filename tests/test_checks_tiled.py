@@ -11,7 +11,8 @@ import math
 
 import pytest
 import torch
-from checktable import correct_answers_test, expectations_test, messages_test, naming_test, rejections_test, variants_test
+from checktable import (assert_names_the_mistake, correct_answers_test, expectations_test, messages_test, naming_test,
+                        outcome, rejections_test, variants_test)
 
 from course import as_student_code
 from firstprinciples import reference
@@ -91,6 +92,27 @@ def log_sum_exp(Q, K, V, block_size=64, causal=False):
 CORRECT = {"reference": correct, "query tiles": query_tiles, "scaled queries": scaled_queries, "log-sum-exp": log_sum_exp}
 
 
+def positions_within_the_block(Q, K, V, block_size=64, causal=False):
+    """A student's tiled attention whose causal mask counts key positions from each block's start."""
+    m, l, acc = None, None, None
+    q_pos = torch.arange(Q.shape[-2])[:, None]
+    for start in range(0, K.shape[-2], block_size):
+        K_b, V_b = K[..., start:start + block_size, :], V[..., start:start + block_size, :]
+        s = Q @ K_b.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        if causal:
+            s = s.masked_fill(torch.arange(K_b.shape[-2])[None, :] > q_pos, float("-inf"))
+        bm = s.amax(-1, keepdim=True)
+        new = bm if m is None else torch.maximum(m, bm)
+        p = torch.exp(s - new)
+        if m is None:
+            l, acc = p.sum(-1, keepdim=True), p @ V_b
+        else:
+            l = l * torch.exp(m - new) + p.sum(-1, keepdim=True)
+            acc = acc * torch.exp(m - new) + p @ V_b
+        m = new
+    return acc / l
+
+
 def calls_softmax(Q, K, V, block_size=64, causal=False):
     s = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
     if causal:
@@ -117,6 +139,7 @@ MISTAKE_FAILS = {
     "the causal mask hides the diagonal": ALL - {"random"},
     "the causal mask shows one future key": ALL - {"random"},
     "causal ignored": ALL - {"random"},
+    "key positions counted within each block": ALL - {"random"},
     "the last partial block dropped": ALL - {"worked"},
     "the whole causal mask built first": {"memory"},
     "block_size ignored": {"memory"},
@@ -126,6 +149,7 @@ VARIANTS.update({
     "calls torch.softmax": (calls_softmax, ALL),
     "calls torch's scaled_dot_product_attention": (calls_torch_attention, ALL),
     "calls the reference": (calls_reference, ALL),
+    "positions within the block (a student's)": (positions_within_the_block, ALL - {"random"}),
 })
 
 test_every_mistake_has_an_expectation = expectations_test((MISTAKE_FAILS, C.MISTAKES))
@@ -141,6 +165,10 @@ test_failure_names_the_mistake = naming_test(CHECKS, VARIANTS, [
     ("the last partial block dropped", "random"),
 ])
 test_messages = messages_test(CHECKS, VARIANTS, [
+    # One key at a time, a key's position within its block is 0: the same outputs as with causal ignored,
+    # told apart by the diagnosis on blocks of two.
+    ("positions within the block (a student's)", "worked", ["key positions counted within each block"]),
+    ("positions within the block (a student's)", "causal", ["key positions counted within each block"]),
     ("the full score matrix", "memory", ["131,072", "block_size"]),
     ("the whole causal mask built first", "memory", ["(256, 256)"]),
     ("no running max", "large", ["non-finite", "overflows"]),
@@ -192,3 +220,14 @@ def test_measuring_memory_needs_no_compiler_and_a_compiled_answer_is_measured_al
     plain, compiled = (got[k].stdout.split() for k in ("plain", "compiled"))
     assert plain[2] == "False", "measuring a plain answer imported torch._dynamo"
     assert plain[:2] == compiled[:2] and int(plain[0]) <= int(plain[1]), (plain, compiled)
+
+
+@pytest.mark.parametrize("check", ["worked", "causal"])
+def test_positions_within_the_block_are_not_called_causal_ignored(check):
+    ok, err = outcome(CHECKS[check], positions_within_the_block)
+    assert not ok and "causal ignored" not in str(err), str(err)
+
+
+def test_causal_ignored_is_still_named_one_key_at_a_time():
+    """The confirmation on other blocks keeps the mistake that is really there."""
+    assert_names_the_mistake(CHECKS["worked"], VARIANTS["causal ignored"][0], "causal ignored")

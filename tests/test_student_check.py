@@ -387,3 +387,43 @@ def test_a_syntax_error_and_a_failing_added_cell_are_shown_where_they_are(notebo
     out = run_check(path).stdout
     assert re.search(rf"SyntaxError in your `{NOTEBOOK}` cell \(code cell \d+\), line \d+: ", out), out
     assert re.search(r"code cell \d+ \(it starts `mine = \[1, 2, 3\]`\) raised IndexError: list index out of range", out), out
+
+
+# ---------------------------------------------------------------- the progress view
+def test_progress_lists_every_notebook_with_its_visible_score(notebooks, tmp_path):
+    """A folder laid out as exercises/: a solved copy, one with a mistake, an untouched one and an
+    unreadable one, run one after another; each is a row, the unreadable one says why, and the
+    scores are those the check command gives the same notebooks (10/10, 0/10 in the tests above)."""
+    import shutil
+
+    folder = tmp_path / "mine"
+    for case in ("correct", "no_scaling", "untouched", "broken"):
+        (folder / case).mkdir(parents=True)
+        shutil.copy(notebooks[case], folder / case / f"{NOTEBOOK}.ipynb")
+    proc = subprocess.run([sys.executable, "-m", "firstprinciples.grading.progress", str(folder)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1 and not proc.stderr.strip(), proc.stdout + proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith("  ") and "/" in line.split()[0]
+            and not line.split()[0].endswith(":")}
+    name = f"{NOTEBOOK}.ipynb"
+    assert set(rows) == {f"{case}/{name}" for case in ("correct", "no_scaling", "untouched", "broken")}, proc.stdout
+    assert re.search(r"10/10 +30 min +none$", rows[f"correct/{name}"]), proc.stdout
+    assert re.search(r" [1-9]/10 +30 min +test_worked_example", rows[f"no_scaling/{name}"]), proc.stdout
+    assert re.search(r" 0/10 +30 min +all$", rows[f"untouched/{name}"]), proc.stdout
+    assert "not a readable notebook" in rows[f"broken/{name}"], proc.stdout
+    total = re.search(r"Total: (\d+)/30 visible points; 1 of 4 notebooks pass every visible test; 1 could not be run; "
+                      r"rough time of all: 90 minutes\.", proc.stdout)
+    assert total and 10 < int(total.group(1)) < 20, proc.stdout
+
+
+def test_a_notebook_that_cannot_be_run_is_a_row(notebooks, monkeypatch):
+    from firstprinciples.grading import check, progress
+
+    def no_kernel(*args, **kwargs):
+        raise RuntimeError("Kernel died before replying to kernel_info")
+
+    monkeypatch.setattr(check, "execute", no_kernel)
+    row = progress.progress(notebooks["correct"], "correct.ipynb")
+    assert row.problem == "could not be run: RuntimeError: Kernel died before replying to kernel_info", row
+    table = progress.table([row])
+    assert "could not be run" in table and "Total: 0/0 visible points; 0 of 1 notebooks" in table, table

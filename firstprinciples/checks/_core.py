@@ -163,18 +163,21 @@ def _same(outputs, res):
     )
 
 
-def diagnose(outputs, args, mistakes: Sequence[Mistake], reference, kwargs=None):
+def diagnose(outputs, args, mistakes: Sequence[Mistake], reference, kwargs=None, *, answer=None, confirm=()):
     """Name the known mistakes whose outputs equal the student's ``outputs``.
 
     A mistake that gives the right answer on these inputs (say "mask ignored"
     when there is no mask) cannot be told apart here and is not named.
+    ``confirm``: more inputs, ``(args, kwargs)``, on which ``answer`` (the student's function) must
+    also give a named mistake's outputs: inputs on which mistakes that agree here differ (with
+    tiled attention one key at a time, key positions counted within each block are never
+    after a query's, as if causal were ignored; blocks of two tell them apart).
     """
     right = _outputs(reference, args, kwargs)
-    found = []
-    for m in mistakes:
-        res = _outputs(m.fn, args, kwargs)
-        if _same(outputs, res) and not _same(res, right):
-            found.append(m)
+    found = [m for m in mistakes if _same(outputs, res := _outputs(m.fn, args, kwargs)) and not _same(res, right)]
+    for more_args, more_kwargs in confirm if found else ():
+        theirs = _outputs(answer, more_args, more_kwargs)
+        found = [m for m in found if theirs is not None and _same(theirs, _outputs(m.fn, more_args, more_kwargs))]
     return found
 
 

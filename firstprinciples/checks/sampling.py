@@ -37,7 +37,7 @@ from ..examples.sampling import DELTA, LOGITS, N_DRAWS, WORDS, allowed_deviation
 from ..guard import ForbiddenCall, call_without
 from ..reference import next_token_probabilities, sample_next_token as reference
 from ..reference.sampling import kept_probabilities
-from ._student import wrap_checks
+from ._student import describe, wrap_checks
 from ._core import Mistake, expect_tensor
 
 FORBIDDEN = dict(pieces=("sample_next_token", "next_token_probabilities"), what="the sampler")
@@ -52,15 +52,15 @@ TOP_P_CASES = ({"top_p": 0.9}, {"top_p": 0.5}, {"top_k": 3, "top_p": 0.85}, {"te
 # ---------------------------------------------------------------- mistakes
 def _sampler(*, temp_on_probs=False, temp_multiplies=False, k_shift=0, k_fill=float("-inf"), p_drops_crossing=False,
              p_unnormalised=False, p_before_temp=False, inverse_cdf_unnormalised=False, greedy_draws=False,
-             global_rng=False, keeps_last_dim=False):
+             global_rng=False, keeps_last_dim=False, zero_divides=False):
     """A sampler with one (or more) of the typical mistakes switched on."""
 
     def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
         V = logits.shape[-1]
         g = None if global_rng else generator
-        if temperature == 0 and not greedy_draws:
+        if temperature == 0 and not greedy_draws and not zero_divides:
             return logits.argmax(-1)
-        t = 1.0 if temperature == 0 else temperature
+        t = 1.0 if temperature == 0 and not zero_divides else temperature
         x = logits
         if p_before_temp and top_p is not None:
             keep = kept_probabilities(logits, 1.0, top_k, top_p) > 0
@@ -90,7 +90,7 @@ def _sampler(*, temp_on_probs=False, temp_multiplies=False, k_shift=0, k_fill=fl
             drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
             probs = probs.masked_fill(drop, 0.0)
         flat = probs.reshape(-1, V)
-        if temperature == 0:  # greedy_draws: the argmax, after a draw it does not need
+        if temperature == 0 and greedy_draws:  # the argmax, after a draw it does not need
             torch.multinomial(torch.softmax(flat, -1), 1, generator=g)
             return logits.argmax(-1)
         if inverse_cdf_unnormalised:
@@ -122,9 +122,10 @@ MISTAKES = (
             "keep the smallest set whose total is at least top_p: the token that takes the running total "
             "past top_p is kept (keep a token when the mass of the tokens before it is below top_p).",
             _sampler(p_drops_crossing=True)),
-    Mistake("top-p on the top-k probabilities without renormalising",
-            "after top-k, renormalise the remaining probabilities to sum to 1 before you accumulate them for top-p "
-            "(or apply top-k to the logits, with -inf, before the softmax).",
+    Mistake("top-p on the probabilities before top-k",
+            "choose the top-p set from the top-k tokens' probabilities renormalised to sum to 1 (a softmax of the "
+            "logits after top-k has set the others to -inf): the running total of the whole distribution, or of "
+            "the top-k probabilities left as they were, reaches top_p later and keeps too many tokens.",
             _sampler(p_unnormalised=True)),
     Mistake("top-p chosen before the temperature",
             "divide by the temperature first, then choose the top-p set from that distribution.",
@@ -133,6 +134,10 @@ MISTAKES = (
             "after setting the removed tokens' probabilities to 0, renormalise before you compare a uniform "
             "number with the cumulative sum: otherwise a number above the kept mass lands on a removed token.",
             _sampler(inverse_cdf_unnormalised=True)),
+    Mistake("temperature 0 divides the logits",
+            "temperature 0 means greedy decoding: return the argmax of each row before dividing by the temperature "
+            "(logits / 0 are infinite or NaN, and no distribution can be drawn from them).",
+            _sampler(zero_divides=True)),
     Mistake("greedy draws a random number",
             "with temperature 0 return the argmax without drawing anything from the generator.",
             _sampler(greedy_draws=True)),
@@ -225,16 +230,40 @@ def _frequencies_agree(counts, p, n):
     return all((c == 0) if q == 0 else abs(c - n * q) <= allowed_deviation(n, q) for c, q in zip(counts, p))
 
 
-def _matching_mistakes(counts, batch, kwargs, seed, p, perms=None):
-    """The named mistakes whose own counts (same inputs, same seed) agree with ``counts``."""
+NEVER_AGAINST = 30  # a token never drawn in one sample and this often in the other: not the same distribution
+
+
+def _counts_agree(ours, theirs, n):
+    """Two samples of n tokens look drawn from one distribution: every count within twice Bernstein's
+    bound of the other's, and no token drawn NEVER_AGAINST times or more in one and never in the other
+    (with probability q, n draws miss it with probability (1 - q)^n, about 1e-13 for q = 30 / 10,000)."""
+    return all(abs(a - b) <= 2 * allowed_deviation(n, max(b / n, 1 / n))
+               and not (min(a, b) == 0 and max(a, b) >= NEVER_AGAINST) for a, b in zip(ours, theirs))
+
+
+def _matching_mistakes(counts, batch, kwargs, seed, p, perms=None, fn=None):
+    """The named mistakes whose own counts (same inputs, same seed) agree with ``counts``.
+
+    With both top_k and top_p, mistakes of different steps can keep the same tokens (top-k keeping
+    k + 1 tokens, and top-p chosen before top-k: both keep 3 of the example's tokens with top_k=3,
+    top_p=0.85), so a mistake found is kept only if the answer ``fn`` also agrees with it on top_k
+    alone, on the same rows."""
     n = batch.shape[:-1].numel()
     found = []
     for m in MISTAKES:
         theirs = _mistake_counts(m, batch, kwargs, seed, perms)
         if theirs is None or _frequencies_agree(theirs, p, n):
             continue  # it crashes here, or is right on these inputs
-        if all(abs(a - b) <= 2 * allowed_deviation(n, max(b / n, 1 / n)) for a, b in zip(counts, theirs)):
+        if _counts_agree(counts, theirs, n):
             found.append(m)
+    if found and fn is not None and kwargs.get("top_k") is not None and kwargs.get("top_p") is not None:
+        alone = {k: v for k, v in kwargs.items() if k != "top_p"}
+        try:
+            ours = _counts(_call(fn, batch, alone, torch.Generator().manual_seed(seed)), batch.shape[-1], perms)
+        except Exception:  # noqa: BLE001 (the answer fails there too: nothing to confirm with)
+            return found
+        found = [m for m in found if (theirs := _mistake_counts(m, batch, alone, seed, perms)) is not None
+                 and _counts_agree(ours, theirs, n)]
     return found
 
 
@@ -276,7 +305,7 @@ def _check_frequencies(fn, row, kwargs, *, seed, shape=(N_DRAWS,), words=None, w
                    f"{100 * q:.1f}%: a correct sampler lands that far off with probability below {DELTA:g}.")
     if problem is None:
         return
-    found = _matching_mistakes(counts, batch, kwargs, seed, p, perms)
+    found = _matching_mistakes(counts, batch, kwargs, seed, p, perms, fn)
     diagnosis = ("\nYour draws match a typical mistake:\n" + "\n".join(f"  - {m.label}: {m.hint}" for m in found)
                  if found else "")
     raise AssertionError(
@@ -325,8 +354,15 @@ def check_greedy(fn, full=True):
         gen = torch.Generator().manual_seed(11)
         state = gen.get_state()
         global_state = torch.random.get_rng_state()
-        tokens = _call(fn, logits, kwargs, gen)
         label = _label(logits, kwargs)
+        try:
+            tokens = _call(fn, logits, kwargs, gen)
+        except AssertionError:
+            raise
+        except Exception as err:  # (the answer's own error: say what temperature 0 asks for)
+            why = _greedy_failure(fn, err, logits, kwargs)
+            raise AssertionError(f"With temperature 0 {label} your function {describe(err)}"
+                                 + (f"\n{why}" if why else "")) from None
         want = logits.argmax(-1)
         if not torch.equal(tokens, want):
             raise AssertionError(f"With temperature 0 the tokens {label} should be the argmax of each row, "
@@ -334,6 +370,23 @@ def check_greedy(fn, full=True):
         if not torch.equal(gen.get_state(), state) or not torch.equal(torch.random.get_rng_state(), global_state):
             raise AssertionError(f"With temperature 0 ({label}) your function returned the argmax but drew a random "
                                  f"number. {_hint('greedy draws a random number')}")
+
+
+def _greedy_failure(fn, err, logits, kwargs):
+    """What an error raised at temperature 0 says: the named mistake that raises the same error on
+    these logits, or, when the answer runs at temperature 1, that temperature 0 is the cause."""
+    for m in MISTAKES:
+        try:
+            m.fn(logits.clone(), **kwargs)
+        except Exception as theirs:  # noqa: BLE001
+            if type(theirs) is type(err) and str(theirs).splitlines()[:1] == str(err).splitlines()[:1]:
+                return f"Your code matches a typical mistake:\n  - {m.label}: {m.hint}"
+    try:
+        _call(fn, logits, {**kwargs, "temperature": 1.0}, torch.Generator().manual_seed(11))
+    except Exception:  # noqa: BLE001 (it fails at temperature 1 too: the error is not about temperature 0)
+        return ""
+    return ("It runs with temperature 1 on the same logits, so temperature 0 is what fails: " +
+            _hint("temperature 0 divides the logits"))
 
 
 def check_shapes(fn, full=True):

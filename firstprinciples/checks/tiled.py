@@ -67,7 +67,8 @@ def measured_call(fn, Q, K, V, block_size, causal):
 def _blocks(fn):
     """A tiled attention built from a per-block update ``fn(state, scores, V_b) -> state``."""
 
-    def attend(Q, K, V, block_size=64, causal=False, scale=None, step=None, drop_last=False, mask_shift=0):
+    def attend(Q, K, V, block_size=64, causal=False, scale=None, step=None, drop_last=False, mask_shift=0,
+               local_positions=False):
         T_q, T_k = Q.shape[-2], K.shape[-2]
         scale = 1 / math.sqrt(Q.shape[-1]) if scale is None else scale
         step = block_size if step is None else step
@@ -78,7 +79,8 @@ def _blocks(fn):
             K_b, V_b = K[..., start:start + step, :], V[..., start:start + step, :]
             s = Q @ K_b.transpose(-2, -1) * scale
             if causal:
-                k_pos = torch.arange(start, start + K_b.shape[-2])[None, :]
+                first = 0 if local_positions else start
+                k_pos = torch.arange(first, first + K_b.shape[-2])[None, :]
                 s = s.masked_fill(k_pos > q_pos + mask_shift, float("-inf"))
             state = fn(state, s, V_b)
         m, l, acc = state
@@ -176,6 +178,10 @@ MISTAKES = (
     Mistake("causal ignored",
             "with causal=True, hide (with -inf) each key whose position is after the query's, in every block.",
             lambda Q, K, V, block_size=64, causal=False: _correct_blocks()(Q, K, V, block_size, False)),
+    Mistake("key positions counted within each block",
+            "a key's position is its place in the whole sequence: the key at index j of the block that starts at "
+            "`start` is at position start + j, and is hidden from query i when start + j > i.",
+            _correct_blocks(local_positions=True)),
     Mistake("the last partial block dropped",
             "when T_k is not a multiple of block_size, the last block is shorter; range(0, T_k, block_size) "
             "with slicing includes it.", _correct_blocks(drop_last=True)),
@@ -217,7 +223,10 @@ def _compare(fn, Q, K, V, block_size, causal, *, against_torch=False, memory=Fal
     try:
         check()
     except AssertionError as err:
-        found = diagnose((got,), (Q, K, V), MISTAKES, _correct_blocks(), kwargs)
+        # (confirmed with another block size: one key at a time, a key's position within its block is
+        # 0, never after a query's, exactly as if causal were ignored)
+        other = {"block_size": block_size + 1 if block_size < K.shape[-2] else max(block_size - 1, 1), "causal": causal}
+        found = diagnose((got,), (Q, K, V), MISTAKES, _correct_blocks(), kwargs, answer=fn, confirm=[((Q, K, V), other)])
         lines = "".join(f"\n  - {m.label}: {m.hint}" for m in found if m.label != "the full score matrix")
         hint = f"\nYour output matches a typical mistake:{lines}" if lines else ""
         if not bool(torch.isfinite(got).all()) and bool(torch.isfinite(want).all()) and not lines:

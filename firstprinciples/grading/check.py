@@ -150,39 +150,41 @@ def _prestart() -> threading.Thread:
     return ipython
 
 
-def check(path: Path, timeout: int = 120, imported: threading.Thread | None = None) -> int:
-    """Run and report ``path``; ``imported``: a thread still importing what the kernel's start
-    imports (``_prestart``), joined before it starts."""
-    import nbformat
-    from nbgrader import utils
+class Unreadable(Exception):
+    """A file that is not an exercise notebook as downloaded; the message says why and what to do."""
 
-    from . import warm
-    from .execute import RobustExecute
+
+def load(path: Path):
+    """The notebook at ``path``, its outputs cleared; raises ``Unreadable``."""
+    import nbformat
 
     try:
         nb = nbformat.read(path, as_version=4)
     except FileNotFoundError:
-        print(f"{path}: no such notebook", file=sys.stderr)
-        return 2
+        raise Unreadable(f"{path}: no such notebook") from None
     except Exception as err:  # invalid JSON, not a notebook
-        print(f"{path}: this file is not a readable notebook ({err}). "
-              "Download the exercise again and copy your answers into it.", file=sys.stderr)
-        return 2
-    graded = [c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")]
-    changed = [c for c in graded if c.cell_type != "code"]
-    if not graded:
-        print(f"{path}: no graded tests found: was the notebook's metadata removed? "
-              "Work in the notebook as downloaded.", file=sys.stderr)
-        return 2
+        raise Unreadable(f"{path}: this file is not a readable notebook ({err}). "
+                         "Download the exercise again and copy your answers into it.") from None
+    if not graded_cells(nb):
+        raise Unreadable(f"{path}: no graded tests found: was the notebook's metadata removed? "
+                         "Work in the notebook as downloaded.")
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    print(f"Running {path} in a fresh kernel...", flush=True)
-    broken = syntax_errors(nb)
-    if broken:
-        print("Python cannot read these cells: they define nothing, and the tests that need them fail.")
-        for line in broken:
-            print(f"  SyntaxError in {line}")
+    return nb
+
+
+def graded_cells(nb) -> list:
+    return [c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")]
+
+
+def execute(nb, path: Path, timeout: int = 120, imported: threading.Thread | None = None) -> None:
+    """Run ``nb`` (read from ``path``) from top to bottom in a fresh kernel, as the grader does; its
+    outputs are filled in. ``imported``: a thread still importing what the kernel's start imports
+    (``_prestart``), joined before it starts."""
+    from . import warm
+    from .execute import RobustExecute
+
     # Where the template can be used, the re-check's trusted side runs in a child of it
     # (``verdicts.Service``): this process never imports torch. Elsewhere the reference's results
     # are computed here, after the cells.
@@ -203,23 +205,54 @@ def check(path: Path, timeout: int = 120, imported: threading.Thread | None = No
     finally:
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def scores(nb) -> list[tuple[str, float, float, str]]:
+    """(grade id, score, points, why it failed: '' when it passed) for each graded test of the run ``nb``,
+    as the grader scores it (``nbgrader.utils.determine_grade``)."""
+    from nbgrader import utils
+
     cells = _cells_by_count(nb)
-    total = earned = 0.0
-    width = max(len(c.metadata.nbgrader["grade_id"]) for c in graded)
-    for cell in graded:
+    out = []
+    for cell in graded_cells(nb):
         gid = cell.metadata.nbgrader["grade_id"]
         if cell.cell_type != "code":
-            print(f"  FAIL  {gid:<{width}}  this test cell was turned into {cell.cell_type}: it scores 0")
-            total += float(cell.metadata.nbgrader.get("points", 0))
+            out.append((gid, 0.0, float(cell.metadata.nbgrader.get("points", 0)),
+                        f"this test cell was turned into {cell.cell_type}: it scores 0"))
             continue
         score, points = utils.determine_grade(cell)
-        total += points
-        earned += score
-        status = "pass" if score == points else "FAIL"
-        line = f"  {status}  {gid:<{width}}  {score:g}/{points:g}"
+        reason = ""
         if score < points:
             reason = CELL.sub(lambda m: f"{m.group(0)} ({cells[int(m.group(1))]})" if int(m.group(1)) in cells
-                              else m.group(0), _reason(cell)).splitlines()
+                              else m.group(0), _reason(cell))
+        out.append((gid, float(score), float(points), reason))
+    return out
+
+
+def check(path: Path, timeout: int = 120, imported: threading.Thread | None = None) -> int:
+    """Run and report ``path``; ``imported``: as for ``execute``."""
+    try:
+        nb = load(path)
+    except Unreadable as err:
+        print(err, file=sys.stderr)
+        return 2
+    changed = [c for c in graded_cells(nb) if c.cell_type != "code"]
+    print(f"Running {path} in a fresh kernel...", flush=True)
+    broken = syntax_errors(nb)
+    if broken:
+        print("Python cannot read these cells: they define nothing, and the tests that need them fail.")
+        for line in broken:
+            print(f"  SyntaxError in {line}")
+    execute(nb, path, timeout, imported)
+    rows = scores(nb)
+    width = max(len(gid) for gid, *_ in rows)
+    for gid, score, points, reason in rows:
+        if reason and not score and reason.startswith("this test cell was turned into"):
+            print(f"  FAIL  {gid:<{width}}  {reason}")
+            continue
+        line = f"  {'pass' if score == points else 'FAIL'}  {gid:<{width}}  {score:g}/{points:g}"
+        if reason:
+            reason = reason.splitlines()
             if len(reason) > MAX_REASON_LINES:  # (a diagnosis is never cut: only a very long traceback is)
                 reason = reason[:MAX_REASON_LINES] + [f"... {len(reason) - MAX_REASON_LINES} more lines: "
                                                       "run the test cell in the notebook to see them all"]
@@ -230,6 +263,7 @@ def check(path: Path, timeout: int = 120, imported: threading.Thread | None = No
         print("Cells that are not tests but failed (not graded; the tests after them may miss what they define):")
         for line in others:
             print(f"  {line}")
+    earned, total = sum(r[1] for r in rows), sum(r[2] for r in rows)
     print(f"Visible score: {earned:g}/{total:g}. The grader adds hidden tests to some of these cells.")
     return 0 if earned == total and not changed else 1
 
