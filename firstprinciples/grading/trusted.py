@@ -614,9 +614,9 @@ def _over_memory(check: Check, i: int, res: dict) -> str | None:
     allowed = check.probe.memory(probes.decode_case(check.cases[i]))
     if allowed is None or largest <= allowed:
         return None
-    return (f"it allocated {largest:,} bytes at once, more than the {allowed:,} that any one of its blocks needs "
-            "(a (..., T_q, block_size) tensor, the inputs or the output): something as large as the whole "
-            "(T_q, T_k) matrix was built (counted at torch's allocator, whatever mode was switched off)")
+    return (f"it allocated {largest:,} bytes at once, more than the {allowed:,} allowed (the largest of a "
+            "(..., T_q, block_size) block, the output and an input, even in float64): something as large as the "
+            "whole (T_q, T_k) matrix was built (counted at torch's allocator, whatever mode was switched off)")
 
 
 # ---------------------------------------------------------------- comparison
