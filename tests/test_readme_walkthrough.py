@@ -61,3 +61,26 @@ def test_walkthrough_grades_and_gives_feedback(walked):
     assert scores == {"ada": 10.0, "bob": 0.0}
     for student in ("ada", "bob"):
         assert (walked / "feedback" / student / "attention" / "scaled_dot_product_attention.html").is_file()
+
+
+def test_the_documented_roster_loads(tmp_path):
+    """The roster as the grading-round page writes it, imported with its command: the names are in
+    the gradebook (an instructor who never loads one gets "None, None" in grades.csv)."""
+    import shlex
+
+    from docpages import code_blocks, section
+
+    from course import make_course, nbgrader
+
+    text = section("## 0. The class")
+    csv_text, command = code_blocks(text, "text")[0], code_blocks(text, "bash")[0].strip()
+    course = make_course(tmp_path)
+    (course / "roster.csv").write_text(csv_text)
+    args = shlex.split(command)
+    assert args[:1] == ["nbgrader"], command
+    nbgrader(course, *args[1:])
+    listed = nbgrader(course, "db", "student", "list")
+    out = listed.stdout + listed.stderr
+    for line in csv_text.strip().splitlines()[1:]:
+        sid, first, last = line.split(",")[:3]
+        assert sid in out and first in out and last in out, out
