@@ -34,6 +34,9 @@ IN_BODY = {
     "memory_bomb": "hog = bytearray(8 * 2**30)",
     "fork_bomb": "import os\nwhile True:\n    os.fork()",
     "system_exit": "raise SystemExit('bye')",
+    # kills its kernel on every call (as a piece that fills the memory does, only faster): the
+    # first course cell that calls it dies, every later test of it fails at once, saying why
+    "dies_every_call": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
     # hangs on every call, deaf to interrupts: the notebook's time budget and the re-check's
     # per-piece limit bound what it costs, and the other piece is still graded
     "hangs_every_call": "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
@@ -245,3 +248,15 @@ def test_the_log_is_one_line_per_student_and_a_summary(graded):
 ])
 def test_grades_csv_notes_say_what_happened(graded, student, note):
     assert note in graded[5][student], graded[5][student]
+
+
+def test_a_piece_that_kills_its_kernel_is_named_and_not_run_again(graded):
+    course = graded[0]
+    nb = nbformat.read(course / "autograded" / "dies_every_call" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
+    test_cells = [c for c in nb.cells if nbgrader_meta(c).get("grade") and "project" in nbgrader_meta(c)["grade_id"]]
+    at_once = [c for c in test_cells if any("killed the kernel" in str(o.get("evalue", "")) and "fails at once"
+                                            in str(o.get("evalue", "")) for o in c.outputs)]
+    assert at_once, [o.get("evalue") for c in test_cells for o in c.outputs]
+    notes = graded[5]["dies_every_call"]
+    assert notes.count("the kernel died") == 1 and "in project_qkv" in notes, notes
+    assert graded[1]["dies_every_call"] == 6

@@ -148,6 +148,7 @@ class RobustExecute(Execute):
         self._cell_limit = self.timeout
         self._timed_out = False  # the last cell run went past its timeout
         self._hung: dict[str, str] = {}  # graded piece -> the test cell it did not return in
+        self._died: dict[str, str] = {}  # graded piece -> the course cell whose call of it killed the kernel
         self._slow: set[int] = set()  # indices of non-test cells that ran past their timeout
         self._seconds: dict[int, float] = {}  # test cell index -> seconds it took in the kernel
         self._tested = None  # test cell index -> the pieces it uses, once asked for (``_cells``)
@@ -271,10 +272,10 @@ class RobustExecute(Execute):
                 cell.outputs = [_error(f"Not run: this notebook used up its {self.notebook_timeout} s of grading "
                                        "time (an earlier cell hung or was very slow).")]
                 continue
-            pieces = (tested().get(index) or []) if self._hung else []
-            if pieces and all(p in self._hung for p in pieces):
+            pieces = (tested().get(index) or []) if (self._hung or self._died) else []
+            if pieces and all(p in self._hung or p in self._died for p in pieces):
                 cell.outputs = [_error(self._hung_reason(pieces) + " This test, which calls it, fails at once "
-                                       "(it would only wait as long again).")]
+                                       "(it would only do the same again).")]
                 for p in pieces:
                     failed_at_once.setdefault(p, []).append(_grade_id(cell) or f"cell {index + 1}")
                 continue
@@ -291,9 +292,11 @@ class RobustExecute(Execute):
                     self._abandon_ahead()
             elif fault is not None:
                 why = folderwatch.reason(getattr(self.km, "_own_folder", None))
+                culprit = [] if why else self._died_in(cell, index, tested)
                 self._add_note(f"{_grade_id(cell) or f'code cell {index + 1}'}: the kernel died ("
                                + (f"the grader stopped it: {why}" if why else
-                                  "it crashed, exited, or went over the memory or CPU limit")
+                                  (f"in {culprit[0]}: " if culprit else "")
+                                  + "it crashed, exited, or went over the memory or CPU limit")
                                + "); grading went on in a fresh kernel")
             if fault is None:
                 if not cell.get("metadata", {}).get("nbgrader", {}).get("grade", False):
@@ -308,8 +311,30 @@ class RobustExecute(Execute):
 
     # ------------------------------------------------------------ hangs
     def _hung_reason(self, pieces) -> str:
-        hung = [p for p in pieces if p in self._hung]
-        return "; ".join(f"Your {p} did not return within {self._cell_limit} s in {self._hung[p]}" for p in hung) + "."
+        said = [f"Your {p} did not return within {self._cell_limit} s in {self._hung[p]}" for p in pieces
+                if p in self._hung]
+        said += [f"Your {p} killed the kernel (it crashed or went over the memory limit) in {self._died[p]}"
+                 for p in pieces if p in self._died and p not in self._hung]
+        return "; ".join(said) + "."
+
+    def _died_in(self, cell, index: int, tested) -> list:
+        """The kernel died while a course cell (a test, or a locked cell such as "try it") ran: the
+        graded piece it calls, when it calls exactly one, is remembered (``_died``), so that every
+        later test that calls only such pieces fails at once instead of killing a kernel again
+        (a piece that fills the memory took a minute each time). A cell of the student's says
+        nothing of the piece: its inputs are the student's."""
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if not (meta.get("grade") or meta.get("locked")) or meta.get("solution"):
+            return []
+        pieces = list(tested().get(index) or [])
+        if not pieces:
+            all_pieces = sorted({p for ps in tested().values() for p in ps})
+            tree = scan.parse(cell.source)
+            pieces = sorted(scan.loaded_names(tree) & set(all_pieces)) if tree is not None else []
+        if len(pieces) != 1:
+            return []
+        self._died.setdefault(pieces[0], _grade_id(cell) or f"code cell {index + 1}")
+        return pieces
 
     def _note_timeout(self, cell, index: int, pieces: list, all_pieces: list, stopped: bool = True) -> None:
         """A cell ran past its timeout: remember the graded piece that did not return (the
