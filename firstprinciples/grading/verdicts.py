@@ -163,11 +163,20 @@ class Ahead:
         """Its (outcomes, flags) when the kernel's run showed what it guessed, else None (it is stopped);
         with its second tries made now (``plan.nb``: the executed notebook) and the pieces it left out
         re-checked now, from what the kernel ``printed`` of their state."""
-        if hung or slow or (float(cell_limit), dict(vars(limits)), bool(sandboxed)) != self.given:
+        given_cell, given_limits, given_sandboxed = self.given
+        now = {k: v for k, v in vars(limits).items() if k != "kernel"}
+        before = {k: v for k, v in given_limits.items() if k != "kernel"}
+        if hung or slow or (float(cell_limit), now, bool(sandboxed)) != (given_cell, before, given_sandboxed):
             self.stop()
             return None
         self.thread.join()
         if self.result is None:
+            return None
+        # More time for a piece whose tests were slow in the kernel (``Limits.kernel``) matters only
+        # where the guess ran out of it: then the re-check runs again with that time.
+        slow_pieces = set(getattr(limits, "kernel", None) or ())
+        if any(name in slow_pieces and found is not None and "did not finish" in (found.overall or "")
+               for name, found in self.result[0].items()):
             return None
         later = set(trusted.rebuilt(self.plan))
         found = trusted.more_tries(self.plan, _command(sandboxed), self.result, limits,
