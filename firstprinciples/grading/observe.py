@@ -127,8 +127,8 @@ def place(code) -> str:
 
 
 def facts(code) -> list:
-    """What the runner reports of one Python function it saw called: [consts, digest, place, size]."""
-    return [id(code.co_consts), digest(code), place(code), len(code.co_code)]
+    """What the runner reports of one Python function it saw called: [consts, digest, place]."""
+    return [id(code.co_consts), digest(code), place(code)]
 
 
 def _canary():
@@ -307,9 +307,9 @@ def judge(seen: dict, patterns, table: Table, ids: dict | None = None) -> list:
         if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and in_family(item[0], patterns):
             hits.append((item[0], item[1] if isinstance(item[1], str) else None))
     for item in seen.get("codes") or ():
-        if not (isinstance(item, list) and len(item) == 5):
+        if not (isinstance(item, list) and len(item) == 4):
             continue
-        consts, dig, where_, at, _size = item
+        consts, dig, where_, at = item
         name = ids.get(f"{consts}:{dig}") if isinstance(consts, int) and isinstance(dig, str) else None
         name = name or (table.places.get(at) if isinstance(at, str) and at else None)
         if name:
@@ -344,7 +344,7 @@ class Seen:
         if self.largest_allocation is not None:
             out["largest_allocation"] = int(self.largest_allocation)
         if codes is None:
-            out["codes"] = [(lambda f: [f[0], f[1], w, f[2], f[3]])(facts(c)) for c, w in self.calls.values()]
+            out["codes"] = [[f[0], f[1], w, f[2]] for c, w in self.calls.values() for f in (facts(c),)]
         else:
             out["code_ids"] = [codes.index(c, w) for c, w in self.calls.values()]
         return out
@@ -355,16 +355,16 @@ class Codes:
     its index in each case (a model's forward calls the same hundred functions in every case)."""
 
     def __init__(self):
-        self.table: list = []  # [consts, digest, where, place, size]
+        self.table: list = []  # [consts, digest, where, place]
         self._index: dict = {}
         self._held: list = []  # (the code objects, so that no identity is reused while this lives)
 
     def index(self, code, where_) -> int:
         i = self._index.get(id(code))
         if i is None:
-            consts, dig, at, size = facts(code)
+            consts, dig, at = facts(code)
             i = self._index[id(code)] = len(self.table)
-            self.table.append([consts, dig, where_, at, size])
+            self.table.append([consts, dig, where_, at])
             self._held.append(code)
         return i
 
