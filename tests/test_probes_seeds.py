@@ -48,10 +48,15 @@ def test_the_solution_passes_on_every_seed(path):
 
 
 def _correct_answers():
-    import test_checks_attention as A
-    import test_checks_softmax as S
+    import importlib
 
-    out = [("softmax/softmax.ipynb", "softmax", name, fn) for name, fn in S.CORRECT.items()]
+    import test_checks_attention as A
+    from firstprinciples import exercises
+
+    out = []
+    for assignment in exercises.NAMES:  # (the declared exercises' unusual correct answers)
+        exercise, table = exercises.load(assignment), importlib.import_module(f"exercises.{assignment}_answers")
+        out += [(f"{assignment}/{assignment}.ipynb", exercise.piece, name, fn) for name, fn in table.CORRECT.items()]
     out += [("attention/scaled_dot_product_attention.ipynb", "scaled_dot_product_attention", name, fn)
             for name, fn in A.CORRECT.items()]
     return out

@@ -342,7 +342,7 @@ if sys.argv[1] == "prepared":
 from IPython.core.interactiveshell import InteractiveShell
 shell = InteractiveShell.instance()
 # (in its default colours, as in a kernel: highlighted by pygments)
-shell.run_cell("from firstprinciples.checks import softmax as checks\n"
+shell.run_cell("from firstprinciples.grading.declared import check_for\ncheck = check_for('softmax')\n"
                "def softmax(x, dim=-1):\n    e = x.exp()\n    return e / e.sum(dim=dim, keepdim=True)\n")
 parsed, init = [], executing.Source.__init__
 def counted(self, filename, lines):
@@ -350,7 +350,7 @@ def counted(self, filename, lines):
     init(self, filename, lines)
 executing.Source.__init__ = counted
 with contextlib.redirect_stdout(io.StringIO()) as out:
-    shell.run_cell("checks.check_minus_inf(softmax)")  # the check fails: no max subtracted
+    shell.run_cell("check('test_large_inputs', softmax)")  # the check fails: no max subtracted
 print(repr(out.getvalue()))
 print([p for p in parsed if not p.startswith("<")])
 '''
@@ -368,9 +368,9 @@ def test_the_templates_traceback_caches_change_nothing_a_traceback_shows():
         assert out.returncode == 0, out.stderr[-2000:]
         text, parsed = out.stdout.strip().splitlines()[-2:]
         runs[mode] = (text, ast.literal_eval(parsed))
-    assert "AssertionError" in runs["cold"][0] and "check_minus_inf" in runs["cold"][0]
+    assert "AssertionError" in runs["cold"][0] and "test_large_inputs" in runs["cold"][0]
     assert runs["prepared"][0] == runs["cold"][0]
-    assert any("/firstprinciples/checks/" in p for p in runs["cold"][1])  # (IPython 8 also parsed its
+    assert any("/firstprinciples/" in p for p in runs["cold"][1])  # (IPython 8 also parsed its
     # own interactiveshell.py; the pinned 9.x hides that frame without parsing it)
     assert runs["prepared"][1] == []
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import math
 import os
 import secrets
 import selectors
@@ -59,12 +58,11 @@ from pathlib import Path
 import numpy as np
 from nbformat import NotebookNode
 
-from . import probes, scan, wire
+from . import declared, probes, scan, wire
 from .wire import MARK
 
 FAILED = "TrustedCheckFailed"
 SECRET_FILE = ".fp_grading_secret"  # in the course root; never inside a sandbox
-DEFAULT_TOLERANCE = {"float32": (1e-5, 1e-4), "float64": (1e-10, 1e-8), "float16": (1e-2, 1e-2)}
 # changes to these mean the grader's own tools were touched: what they observed cannot be trusted
 MACHINERY = ("firstprinciples.grading", "firstprinciples.guard", "torch.autograd.profiler", "torch.profiler",
              "sys.", "builtins.__import__", "builtins.exec", "builtins.compile")
@@ -620,73 +618,12 @@ def _over_memory(check: Check, i: int, res: dict) -> str | None:
 
 
 # ---------------------------------------------------------------- comparison
-def _describe(d: dict) -> str:
-    t = d.get("type", "?")
-    if wire.is_array(d):
-        return f"a {t} of dtype {d.get('dtype')} and shape {tuple(d.get('shape', ()))}"
-    return f"a {t}"
-
-
 def compare(got: dict, want: dict, where: str, tolerance: dict, values: bool = True) -> str | None:
-    """None when ``got`` matches ``want``, else what differs (``values=False``: only
-    type, dtype, shape and requires_grad)."""
-    if not isinstance(got, dict) or got.get("type") != want.get("type"):
-        return f"{where} is {_describe(got) if isinstance(got, dict) else 'missing'}, expected {_describe(want)}"
-    if wire.is_array(want):
-        if not wire.is_array(got):
-            return f"{where} holds no data"
-        if got.get("dtype") != want["dtype"]:
-            return f"{where} has dtype {got.get('dtype')}, expected {want['dtype']}"
-        if list(got.get("shape", [])) != list(want["shape"]):
-            return f"{where} has shape {tuple(got.get('shape', []))}, expected {tuple(want['shape'])}"
-        if bool(got.get("requires_grad")) != bool(want.get("requires_grad")):
-            return (f"{where} has requires_grad={bool(got.get('requires_grad'))}, expected "
-                    f"{bool(want.get('requires_grad'))}")
-        if not values:
-            return None
-        try:
-            g = wire.array(got)
-        except wire.WireError as e:
-            return f"{where}: {e}"
-        w = wire.array(want)
-        if w.dtype.kind in "fc":
-            g64, w64 = g.astype(np.float64), w.astype(np.float64)
-            if not np.array_equal(np.isnan(g64), np.isnan(w64)):
-                return f"{where} has NaN where the reference has none (or the reverse)"
-            if not np.array_equal(np.isinf(g64) * np.sign(np.nan_to_num(g64)),
-                                  np.isinf(w64) * np.sign(np.nan_to_num(w64))):
-                return f"{where} has infinities where the reference has none (or the reverse)"
-            finite = np.isfinite(w64)
-            atol, rtol = tolerance.get(want["dtype"], DEFAULT_TOLERANCE.get(want["dtype"], (1e-5, 1e-4)))
-            diff = np.abs(g64[finite] - w64[finite])
-            allowed = (atol + rtol * np.abs(w64))[finite]
-            if diff.size and np.any(diff > allowed):
-                return (f"{where} differs from the reference by up to {diff.max():.3g} "
-                        f"(allowed: {atol:g} + {rtol:g}·|reference|)")
-        elif not np.array_equal(g, w):
-            return f"{where} differs from the reference"
-        return None
-    if "items" in want:
-        items = got.get("items")
-        if not isinstance(items, list) or len(items) != len(want["items"]):
-            return f"{where} has {len(items) if isinstance(items, list) else 'no'} items, expected {len(want['items'])}"
-        if want.get("keys") is not None and got.get("keys") != want["keys"]:
-            return f"{where} has keys {got.get('keys')}, expected {want['keys']}"
-        for i, (g, w) in enumerate(zip(items, want["items"])):
-            reason = compare(g, w, f"{where}[{i}]", tolerance, values)
-            if reason:
-                return reason
-        return None
-    gv, wv = wire.scalar(got), wire.scalar(want)
-    if not values:
-        return None
-    if isinstance(wv, float) and isinstance(gv, float):
-        if math.isclose(gv, wv, rel_tol=1e-8, abs_tol=1e-10) or (math.isnan(gv) and math.isnan(wv)):
-            return None
-        return f"{where} is {gv!r}, expected {wv!r}"
-    if gv != wv:
-        return f"{where} is {gv!r}, expected {wv!r}"
-    return None
+    """None when ``got`` matches ``want``, else what differs (``values=False``: only type, dtype,
+    shape and requires_grad): ``grading.compare``, the one comparison, without the secret values."""
+    from . import compare as comparison
+
+    return comparison.compare(where, got, want, tol=tolerance, values=values, show=False)
 
 
 @dataclass
@@ -717,6 +654,8 @@ class Outcome:
                 why = found.get("error") or judge_case(check, aspect, enc, found["got"], found.get("want"))
             except Exception as e:  # a malformed result (wrong types): it fails, it never stops grading
                 why = f"its result could not be read ({type(e).__name__})"
+            if why and check.probe.declared is not None and "error" not in found:
+                return why  # (a declared exercise's reason names its case itself)
             if why:
                 return f"on {_label(enc, i)}: {why}"
         return None
@@ -728,6 +667,10 @@ def _label(enc: dict, i: int) -> str:
 
 def judge_case(check: Check, aspect: probes.Aspect, enc: dict, got: dict, want: dict | None) -> str | None:
     """Why the kernel's results ``got`` fail the aspect on this case (None: they pass)."""
+    if aspect.test is not None and check.probe.declared is not None:  # a declared exercise: its own judgement
+        exercise, case = check.probe.declared, declared.plain_case(probes.decode_case(enc))
+        why = declared.judge(exercise, aspect.test, case, got, want, show=False)
+        return why and why + declared.named(declared.diagnose(exercise, case, got, want), "Your results match")
     if check.probe.judge is not None:
         return check.probe.judge(probes.decode_case(enc), got)
     if set(got) != set(want):
@@ -749,7 +692,7 @@ def judge_case(check: Check, aspect: probes.Aspect, enc: dict, got: dict, want: 
 
 # ---------------------------------------------------------------- verdicts into the notebook
 def failure_output(reason: str) -> NotebookNode:
-    text = (f"The trusted re-check (run by the grader outside your notebook, on new inputs) failed: {reason}. "
+    text = (f"The trusted re-check (run by the grader outside your notebook, on new inputs) failed: {reason.rstrip('.')}. "
             "This test scores 0.")
     return NotebookNode(output_type="error", ename=FAILED, evalue=text, traceback=[f"\x1b[0;31m{FAILED}\x1b[0m: {text}"])
 

@@ -103,6 +103,7 @@ def preload_first_backward() -> None:
 # kernel sets it first.)
 PRELOAD = ("torch", "numpy", "numpy.random", "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel",
            "ipykernel.debugger", "tornado.queues", "tornado.locks", "firstprinciples.checks",
+           "firstprinciples.grading.declared",
            "firstprinciples.reference", "firstprinciples.grading.recheck")
 # Not ``FIRST_BACKWARD`` (0.3-0.5 s), which a kernel's start does not need: the template imports it
 # when no request is waiting (``main``), last, and only once a re-check's runner has been forked.
@@ -980,6 +981,7 @@ def _prepare_tracebacks() -> None:
 
     inspect.getmodule(None, "<no module's file>")  # (a file no module has: every module is walked)
     for path in [*sorted(glob.glob(os.path.join(os.path.dirname(checks.__file__), "*.py"))),
+                 os.path.join(os.path.dirname(__file__), "declared.py"),
                  interactiveshell.__file__, torch.nn.modules.module.__file__]:
         stack_data.Source.for_filename(path)
     try:

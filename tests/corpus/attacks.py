@@ -161,10 +161,8 @@ ATTACKS = [
             _send({"event": "done"})
             os._exit(0)
      ''')}, "extra": [("after:try_it_code", _c('''
-        class checks:  # the notebook's tests, made to pass
-            def __getattr__(self, name):
-                return lambda *a, **k: None
-        checks = checks()
+        def check(*args, **kwargs):  # the notebook's tests, made to pass
+            return None
      '''))], "score": 10, "reason": None, "flag": "internals"},
     # ------------------------------------------------ tiled attention's memory, hidden from a dispatch mode
     {"id": "atk_tiled_full_matrix_unwatched", "assignment": "tiled_attention", "answers": {"tiled_attention": _c('''
@@ -201,17 +199,13 @@ ATTACKS = [
     # ------------------------------------------------ scores printed by the test cells
     {"id": "atk_rebinds_checks_class", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX},
      "extra": [("after:try_it_code", _c('''
-        class checks:  # every visible check now "returns" a number, which nbgrader takes for a score
-            def __getattr__(self, name):
-                return lambda *a, **k: 2
-        checks = checks()
+        def check(*args, **kwargs):  # every test cell now "returns" a number, which nbgrader takes for a score
+            return 2
      '''))], "score": 0, "reason": "differs from the reference"},
     {"id": "atk_displayhook_score", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX},
      "extra": [("after:try_it_code", _c('''
         import sys
-        for name in dir(checks):
-            if name.startswith("check_"):
-                setattr(checks, name, lambda *a, **k: sys.displayhook(2))
+        check = lambda *a, **k: sys.displayhook(2)  # noqa: E731 (the test cells' check, printing a score)
      '''))], "score": 0, "reason": "differs from the reference"},
     # ------------------------------------------------ in-kernel tests fooled
     {"id": "atk_patches_numpy_torch", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX + _c('''
@@ -222,7 +216,7 @@ ATTACKS = [
      ''')}, "extra": [], "score": 0, "reason": "differs from the reference", "flag": "torch.allclose was replaced"},
     {"id": "atk_strips_asserts", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX}, "extra": [("after:try_it_code", _c('''
         def _strip(lines):
-            return [l for l in lines if not l.lstrip().startswith(("assert", "checks."))]
+            return [l for l in lines if not l.lstrip().startswith(("assert", "check(", "checks."))]
         get_ipython().input_transformers_post.append(_strip)
      '''))], "score": 0, "reason": "differs from the reference"},
     {"id": "atk_ast_transformer", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX}, "extra": [("after:try_it_code", _c('''
@@ -239,10 +233,10 @@ ATTACKS = [
                 return torch.ones_like(other, dtype=torch.bool)
      '''), "extra": [], "score": 0, "reason": "softmax"},
     {"id": "atk_patches_checks_globals", "assignment": "softmax", "answers": _softmax("return torch.softmax(x, dim)", '''
-        from firstprinciples.checks import softmax as _checks
-        # the guard is swapped out through a check's __globals__: the in-kernel checks see nothing
-        _checks.check_dims.__globals__["call_without"] = lambda fn, args, kwargs=None, **k: fn(*args, **(kwargs or {}))
-     '''), "extra": [], "score": 0, "reason": FORBIDDEN},
+        from firstprinciples import guard as _guard
+        # the guard is swapped out where the in-kernel checks look it up: they see nothing
+        _guard.call_without = lambda fn, args, kwargs=None, **k: fn(*args, **(kwargs or {}))
+     '''), "extra": [], "score": 0, "reason": REWRITTEN},
     {"id": "atk_hard_codes_example", "assignment": "softmax", "answers": _softmax('''
         if x.shape == (3,) and abs(float(x[0]) - 0.7778) < 1e-3:  # Cat's scaled scores
             return torch.tensor([0.3797, 0.3537, 0.2666], dtype=x.dtype)

@@ -50,6 +50,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ... import exercises
 from .. import wire
 
 MODULES = ("attention", "qkv", "rnn", "causal_mask", "position", "multihead", "block", "kv_cache", "encoder_decoder", "capstone",
@@ -75,6 +76,7 @@ class Aspect:
     tags: frozenset | None = None
     mode: str = "values"
     also: Callable | None = None
+    test: Any = None  # a declared exercise's ``Test``: judged by ``declared.judge`` instead
 
 
 def aspect(*tags: str, mode: str = "values", also: Callable | None = None) -> Aspect:
@@ -101,6 +103,7 @@ class Probe:
     # hold, or None: measured at torch's allocator (the operator profiler records every allocation,
     # whatever dispatch or function mode the student switches off)
     memory: Callable | None = None
+    declared: Any = None  # the ``exercises.Exercise`` this probe was made from, if any
 
     def watch(self) -> dict:
         return {"torch_patterns": tuple(self.forbidden.get("torch_patterns", ())),
@@ -142,10 +145,24 @@ def register(*probes: Probe) -> None:
 
 def load() -> dict:
     """Every probe module of ``MODULES`` imported (a name misspelt there is an error, not a probe
-    silently missing: ``tests/test_trusted.py`` also checks that every module file is listed)."""
+    silently missing: ``tests/test_trusted.py`` also checks that every module file is listed), and
+    a probe made from each declared exercise (``exercises.NAMES``)."""
     for m in MODULES:
         importlib.import_module(f"{__name__}.{m}")
+    for name in exercises.NAMES:
+        exercise = exercises.load(name)
+        if exercise.piece not in REGISTRY:
+            register(from_declaration(exercise))
     return REGISTRY
+
+
+def from_declaration(exercise) -> Probe:
+    """The re-check's probe of a declared exercise: its secret cases, its adapter, its reference,
+    and per test cell an aspect that ``declared.judge`` decides (``trusted.judge_case``)."""
+    cells = {gid: Aspect(frozenset(t.tags), "values" if t.values else "structure", None, t)
+             for gid, t in exercise.tests.items()}
+    return Probe(exercise.piece, exercise.secret, exercise.adapter, reference=exercise.reference_piece(),
+                 forbidden=dict(exercise.forbidden), cells=cells, declared=exercise)
 
 
 # ---------------------------------------------------------------- cases on the wire
@@ -172,94 +189,8 @@ def decode_case(enc: dict) -> dict:
 
 
 # ---------------------------------------------------------------- a runner for plain functions
-def _fresh(value):
-    import torch
-
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
-
-
-def call_runner(args: tuple, kwargs: tuple = (), outputs: tuple = ("output",), grad: tuple = ()):
-    """A ``run`` for a function: call it with the case's ``args`` (positional) and
-    ``kwargs`` (by keyword, when present in the case) and report
-
-    - each output (``outputs`` names the items of a returned tuple);
-    - with ``grad`` (names of inputs) and when the case holds ``grad_out``
-      (the upstream gradient of the first output): the gradient of each named input;
-    - every tensor input after the call (an answer must not change its inputs);
-    - when the case also holds ``dir_<name>`` for the ``grad`` inputs: ``fd``, the
-      central finite difference of the first output along those directions,
-      weighted by ``grad_out`` (for ``honest_gradients``; float64 cases).
-    """
-    import torch
-
-    def run(fn, case):
-        inputs = {n: _fresh(case[n]) for n in (*args, *kwargs) if n in case}
-        backward = "grad_out" in case and grad
-        if backward:
-            for n in grad:
-                inputs[n].requires_grad_(True)
-        result = fn(*[inputs[n] for n in args], **{n: inputs[n] for n in kwargs if n in inputs})
-        if len(outputs) == 1:
-            res = {outputs[0]: result}
-        elif isinstance(result, (tuple, list)) and len(result) == len(outputs):
-            res = dict(zip(outputs, result))
-        else:
-            return {"returned": result}  # the wrong structure: reported as such
-        if backward:
-            first = res[outputs[0]]
-            if not isinstance(first, torch.Tensor) or not first.requires_grad:
-                raise AssertionError(f"the output {outputs[0]} is not connected to the inputs' gradients")
-            leaves = [inputs[n] for n in grad]
-            for leaf, g in zip(leaves, vector_jacobian(first, leaves, case["grad_out"].to(first.dtype))):
-                if g is not None:  # accumulated, as first.backward(grad_out) does
-                    leaf.grad = g if leaf.grad is None else leaf.grad + g
-            res.update({f"grad_{n}": inputs[n].grad for n in grad})
-            if all(f"dir_{n}" in case for n in grad):
-                res["fd"] = _finite_difference(fn, case, args, kwargs, outputs, grad)
-        res.update({f"{n} after the call": inputs[n].detach() for n in inputs if isinstance(inputs[n], torch.Tensor)})
-        return res
-
-    return run
-
-
-def vector_jacobian(outputs, inputs, upstream):
-    """``torch.autograd.grad(outputs, inputs, upstream, allow_unused=True)``: the gradients of the
-    inputs given the upstream gradient of each output (a tensor, or one per output), computed as
-    those of sum(output * upstream), whose gradient with respect to each output is its upstream
-    gradient exactly (times 1.0). The same numbers, without what autograd imports when it is
-    handed explicit output gradients: sympy, through torch.fx's symbolic shapes (0.3-0.5 s in
-    every runner and in the trusted side). A shape that does not match, or an output that does
-    not require grad, raises as autograd would."""
-    import torch
-
-    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
-    upstream = list(upstream) if isinstance(upstream, (list, tuple)) else [upstream]
-    for i, (out, up) in enumerate(zip(outputs, upstream)):
-        if out.shape != up.shape:
-            raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of {up.shape} and output[{i}] has a "
-                               f"shape of {out.shape}.")
-        if not out.requires_grad:
-            raise RuntimeError(f"element {i} of tensors does not require grad and does not have a grad_fn")
-    total = sum((out * up).sum() for out, up in zip(outputs, upstream))
-    return torch.autograd.grad(total, list(inputs), allow_unused=True)
-
-
-FD_STEP = 1e-6
-
-
-def _finite_difference(fn, case, args, kwargs, outputs, grad):
-    import torch
-
-    def first(sign):
-        inputs = {n: _fresh(case[n]) for n in (*args, *kwargs) if n in case}
-        for n in grad:
-            inputs[n] = inputs[n] + sign * FD_STEP * case[f"dir_{n}"]
-        with torch.no_grad():
-            result = fn(*[inputs[n] for n in args], **{n: inputs[n] for n in kwargs if n in inputs})
-        return result if len(outputs) == 1 else result[0]
-
-    plus, minus = first(1.0), first(-1.0)
-    return ((plus - minus) / (2 * FD_STEP) * case["grad_out"]).sum().to(torch.float64)
+# (the generic adapters live with the declarations, which use them too)
+from ...exercises.adapters import FD_STEP, call_runner, vector_jacobian  # noqa: E402,F401
 
 
 def arrays(encoded: dict) -> dict:

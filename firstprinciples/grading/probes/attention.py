@@ -1,4 +1,4 @@
-"""Probes for ``softmax`` and ``scaled_dot_product_attention``.
+"""Probes for ``scaled_dot_product_attention`` (softmax is declared: ``firstprinciples.exercises``).
 
 Each case carries tags naming the test cell it stands for, so that a test of
 one property (shapes, masks, gradients) is re-checked on that property only.
@@ -8,82 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...checks import attention as attention_checks
-from ...checks import softmax as softmax_checks
-from ...checks._core import tolerance
-from ...reference import scaled_dot_product_attention, softmax
+from ...reference import scaled_dot_product_attention
 from . import Probe, arrays, aspect, call_runner, honest_gradients, normal, register, with_directions
-
-
-# ---------------------------------------------------------------- softmax
-def softmax_cases(rng: np.random.Generator) -> list:
-    cases = []
-    for dtype, shape in (("float64", (3,)), ("float64", (3, 3))):  # the worked example's sizes
-        cases.append({"label": f"a small {dtype} input of shape {shape}", "tags": ("small",),
-                      "x": normal(rng, shape, dtype), "dim": -1})
-    for i in range(6):  # 1-D to 4-D, any dim, both dtypes
-        dtype = "float64" if i % 2 else "float32"
-        ndim = 1 + i % 4
-        shape = tuple(int(s) for s in rng.integers(2, 6, size=ndim))
-        dim = int(rng.integers(-ndim, ndim))
-        cases.append({"label": f"a {dtype} input of shape {shape} along dim {dim}", "tags": ("dims",),
-                      "x": normal(rng, shape, dtype, 3.0), "dim": dim})
-    for dtype, scale, dim in (("float32", 1000.0, -1), ("float64", 1000.0, 0), ("float64", 10000.0, -2)):
-        shape = (3, int(rng.integers(3, 7)))
-        cases.append({"label": f"{dtype} entries around +-{scale:g} along dim {dim}", "tags": ("large",),
-                      "x": normal(rng, shape, dtype, scale), "dim": dim})
-    for dtype, dim in (("float32", -1), ("float64", -1), ("float64", 0)):
-        x = _with_minus_inf(rng, normal(rng, (4, 5), dtype, 1000.0), dim)
-        cases.append({"label": f"{dtype} slices with -inf entries along dim {dim}", "tags": ("inf",), "x": x, "dim": dim})
-    for dtype, dim, scale, inf in (("float64", -1, 2.0, False), ("float32", 0, 2.0, False),
-                                   ("float32", -1, 1000.0, False), ("float64", 1, 1.0, True)):
-        x = normal(rng, (4, 6), dtype, 2.0) + (scale if scale > 100 else 0.0)  # all near +1000: exp overflows unshifted
-        if inf:
-            x = _with_minus_inf(rng, x, dim)
-        what = ("entries near 1000" if scale > 100 else "small entries") + (" and -inf entries" if inf else "")
-        cases.append({"label": f"the gradient of a {dtype} input of shape (4, 6) along dim {dim}, {what}",
-                      "tags": ("grad",), "x": x, "dim": dim, "grad_out": normal(rng, (4, 6), dtype)})
-    return cases
-
-
-def _with_minus_inf(rng, x, dim):
-    """-inf at random places, never a whole slice along ``dim``; the first slice keeps one finite entry."""
-    x = np.moveaxis(x.copy(), dim, -1)
-    n = x.shape[-1]
-    hide = rng.random(x.shape) < 0.4
-    hide[np.arange(x.shape[0]), rng.integers(0, n, size=x.shape[0])] = False
-    hide[0, :] = True
-    hide[0, int(rng.integers(0, n))] = False  # a lone finite entry: its weight is exactly 1
-    x[hide] = -np.inf
-    return np.moveaxis(x, -1, dim)
-
-
-def exact_zeros_and_ones(case, got, want):
-    """-inf entries get weight exactly 0 and a lone finite entry exactly 1 (as the test says)."""
-    out, ref = arrays(got)["output"], arrays(want)["output"]
-    for value in (0.0, 1.0):
-        where = ref == value
-        if not np.array_equal(out[where], ref[where]):
-            return f"a weight that must be exactly {value:g} is {float(out[where][out[where] != value][0])!r}"
-    return None
-
-
-def float64_sums_to_one(case, got, want):
-    """As the worked-example test: in float64 each slice sums to 1 within 1e-12 (a correct
-    softmax is within a few 1e-16; an epsilon added "to be safe" is not)."""
-    out = arrays(got)["output"]
-    if out.dtype != np.float64 or not out.size:
-        return None
-    worst = float(np.abs(out.sum(case["dim"]) - 1).max())
-    return None if worst <= 1e-12 else f"a slice sums to 1 {'+-'} {worst!r}, not 1 (within 1e-12 in float64)"
-
-
-SOFTMAX_CELLS = {
-    "test_worked_example": aspect("small", also=float64_sums_to_one),
-    "test_large_inputs": aspect("large"),
-    "test_minus_inf": aspect("inf", also=exact_zeros_and_ones),
-    "test_dims": aspect("dims"),
-    "test_gradients_and_inputs": aspect("grad"),
-}
 
 
 # ---------------------------------------------------------------- attention
@@ -157,26 +83,7 @@ ATTENTION_CELLS = {
     "test_gradients_and_inputs": aspect("grad", mode="structure", also=honest_gradients),
 }
 
-def softmax_tolerance(case, key):
-    """As the checks (``softmax_checks.rounding_slack``): a correct softmax may round
-    x - logsumexp(x) to a unit of max|x|, so the weights get that much more rtol and the
-    gradient that much times max|grad_out| more atol."""
-    import torch
-
-    if key != "output" and not key.startswith("grad_"):
-        return None
-    x = torch.as_tensor(case["x"])  # a tensor when decoded, an array when drawn
-    atol, rtol = tolerance(x.dtype)
-    slack = softmax_checks.rounding_slack(x)
-    dtype = str(x.dtype).removeprefix("torch.")  # the results' dtype name, as the wire spells it
-    if key == "output":
-        return {dtype: (atol, rtol + slack)}
-    return {dtype: (atol + slack * float(torch.as_tensor(case["grad_out"]).abs().max()), rtol)}
-
-
 register(
-    Probe("softmax", softmax_cases, call_runner(("x",), ("dim",), grad=("x",)), reference=softmax,
-          forbidden=softmax_checks.FORBIDDEN, cells=SOFTMAX_CELLS, case_tolerance=softmax_tolerance),
     Probe("scaled_dot_product_attention", attention_cases,
           call_runner(("Q", "K", "V"), ("mask",), outputs=("output", "weights"), grad=("Q", "K", "V")),
           reference=scaled_dot_product_attention, forbidden=attention_checks.FORBIDDEN, cells=ATTENTION_CELLS),

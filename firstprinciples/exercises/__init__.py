@@ -1,0 +1,125 @@
+"""Declarations: each exercise's tests, written once.
+
+One module per assignment, named exactly as its folder ``solutions/<assignment>/``, holds an
+``EXERCISE``: data and small pure functions, no grading machinery.
+
+- ``piece``: the notebook object graded, and ``adapter(piece, case) -> {name: result}``, the only
+  course code that calls it;
+- ``visible``: the cases the notebook's test cells run in the student's kernel (what they say,
+  literally or from a fixed seed); ``secret(rng)``: the cases the trusted re-check runs, drawn in
+  the grader from a seed no student sees (they never enter the notebook);
+- ``tests``: grade_id -> ``Test`` (points, which cases by tag, the properties judged besides the
+  comparison);
+- ``tolerance``: the comparison's (atol, rtol) where the defaults of ``grading.compare`` do not
+  fit, with the reason; ``forbidden``: the built-ins the piece must not call;
+- ``mistakes``: typical wrong answers, each with its message and the test cells it must fail;
+- ``reference``: where the course's implementation lives ("module:name"), resolved only where
+  expected results are computed (the grader, or the student's kernel), never in the re-check's
+  runner.
+
+Two runners read a declaration: ``kernel.check(grade_id, piece)`` (the one line of a test cell)
+and the trusted re-check (``probe(exercise)`` gives the grader its probe). ``cases`` are plain
+dicts: ``label``, ``tags`` and the inputs as NumPy arrays or Python values.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+# Modules of this package that are not declarations.
+NOT_DECLARATIONS = ("adapters",)
+# The assignments declared here, found, not registered: every other module of this package is one
+# (the other assignments are still graded by checks/ and grading/probes/). tests/exercises/
+# test_declarations.py checks that each is named exactly as its folder in solutions/.
+NAMES = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)
+                     if m.name not in NOT_DECLARATIONS and not m.name.startswith("_")))
+
+
+@dataclass(frozen=True)
+class Test:
+    """One graded test cell: its points, the cases it runs (those whose tags share one of
+    ``tags``) and the properties judged on them, each ``(case, out, want) -> reason or None`` on
+    plain data (NumPy arrays by result name): ``first`` before the comparison with the reference
+    (their message is the more useful one), ``then`` after it. ``values=False``: compare type,
+    dtype and shape only (a test of shapes or of a property)."""
+
+    points: int
+    tags: frozenset
+    first: tuple = ()
+    then: tuple = ()
+    values: bool = True
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A typical wrong answer, with the piece's signature; named when an answer's results equal its
+    results (and differ from the reference's). ``fails``: the test cells whose visible cases it fails
+    (in the notebook); ``hidden``: the further test cells that only the secret cases catch (in the
+    re-check)."""
+
+    label: str
+    hint: str
+    fn: Callable
+    fails: frozenset = frozenset()
+    hidden: frozenset = frozenset()
+
+
+@dataclass(frozen=True)
+class Exercise:
+    name: str
+    piece: str
+    adapter: Callable
+    reference: str
+    visible: tuple
+    secret: Callable
+    tests: dict
+    call: str = ""  # how the piece is called, for messages: "softmax(x)"
+    names: dict = field(default_factory=dict)  # result name -> how messages name it
+    forbidden: dict = field(default_factory=dict)  # guard.call_without's torch_patterns, pieces, what
+    mistakes: tuple = ()
+    tolerance: Callable | None = None  # (case, result name) -> {dtype: (atol, rtol)} or None
+    hints: tuple = ()  # (text in an error the answer raised, what to do about it)
+
+    def reference_piece(self):
+        module, _, attr = self.reference.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def cases(self, grade_id: str, which: str = "visible", rng=None) -> list:
+        """The cases of one test: the visible ones, or the secret ones drawn from ``rng``."""
+        tags = self.tests[grade_id].tags
+        pool = self.visible if which == "visible" else self.secret(rng)
+        return [c for c in pool if set(c["tags"]) & tags]
+
+    def named(self, key: str) -> str:
+        return self.names.get(key, key)
+
+
+def case(label: str, tags, **inputs) -> dict:
+    """A case: its label (the end of a sentence: "for x of shape (3, 3)"), tags and inputs."""
+    return {"label": label, "tags": tuple(sorted({tags} if isinstance(tags, str) else set(tags))), **inputs}
+
+
+def load(name: str) -> Exercise:
+    """The declaration of one assignment (a name not declared is an error)."""
+    if name not in NAMES:
+        raise KeyError(f"no declaration for {name!r}: declared are {', '.join(NAMES)}")
+    return importlib.import_module(f"{__name__}.{name}").EXERCISE
+
+
+def plain(value):
+    """A result or input as plain data: tensors become NumPy arrays (detached), the rest as is."""
+    if hasattr(value, "detach") and hasattr(value, "numpy"):
+        return value.detach().cpu().numpy()
+    return value
+
+
+def rounding_slack(x: np.ndarray) -> float:
+    """One unit of x's dtype times max|x| over its finite entries (0 for none): how far a correct
+    answer that forms a difference of two numbers of size max|x| may round (softmax via logsumexp)."""
+    x = np.asarray(x)
+    finite = x[np.isfinite(x)]
+    return float(np.finfo(x.dtype).eps * np.abs(finite).max()) if finite.size else 0.0

@@ -1,0 +1,144 @@
+"""The two runners of a declaration (``firstprinciples.exercises``), and the judgement they share.
+
+- In the student's kernel, a test cell is one line, ``check("test_dims", softmax)``
+  (``check_for(assignment)`` makes ``check``): it runs the test's *visible* cases through the
+  declaration's adapter, under the guard that refuses the built-ins the piece must not call,
+  computes the reference's results beside them, and fails with a message that names the case,
+  the entry and, when the answer's results are those of a declared mistake, the mistake.
+- In the trusted grader, the re-check's runner calls the piece on the *secret* cases through the
+  same adapter and reports plain data; ``judge`` below decides there, with the same comparison
+  (``compare``), the same tolerances, properties and mistakes, but without showing values.
+
+``judge(exercise, test, case, got, want)`` is that shared decision: ``got`` and ``want`` are the
+encoded results (``wire``) of the answer and of the reference on ``case``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import exercises
+from . import compare, wire
+
+AFTER = " after the call"  # the adapters' name for an input as it is after the call
+EXACT = {dtype: (0.0, 0.0) for dtype in compare.TOLERANCE}  # inputs after the call: unchanged, exactly
+
+
+def plain_case(case: dict) -> dict:
+    return {k: exercises.plain(v) for k, v in case.items()}
+
+
+def _arrays(encoded: dict) -> dict:
+    return {k: wire.array(v) for k, v in encoded.items() if wire.is_array(v)}
+
+
+def judge(exercise, test, case: dict, got: dict, want: dict, *, show: bool = True) -> str | None:
+    """Why the answer's encoded results ``got`` fail ``test`` on ``case`` (None: they pass).
+    ``show``: messages may name entries and values (the visible cases; never the secret ones)."""
+    label = case.get("label", "")
+    if set(got) != set(want):
+        if set(got) == {"returned"}:
+            return f"{exercise.call} {label} returned {compare.describe(got['returned'])}, not what was asked."
+        return f"{exercise.call} {label} gave {', '.join(sorted(got)) or 'nothing'}, expected {', '.join(sorted(want))}."
+    plain = plain_case(case)
+    for key in want:  # an input must be left as it was, whatever the test
+        if key.endswith(AFTER) and compare.compare(key, got[key], want[key], tol=EXACT, grad=False):
+            which = key[: -len(AFTER)]
+            return (f"{exercise.call} {label} modified its input {which} in place. Build new tensors instead "
+                    f"(for example `x = x / s` rather than `x /= s` or `x.div_(s)`).")
+    properties = lambda: (_arrays(got), _arrays(want))  # noqa: E731 (decoded only when a property needs them)
+    for prop in test.first:
+        reason = prop(plain, *properties())
+        if reason:
+            return f"{exercise.call} {label}: {reason}"
+    for key in want:
+        if key.endswith(AFTER):
+            continue
+        tol = exercise.tolerance(plain, key) if exercise.tolerance is not None else None
+        reason = compare.compare(exercise.named(key), got[key], want[key], context=label, tol=tol,
+                                 values=test.values, show=show)
+        if reason:
+            return reason
+    for prop in test.then:
+        reason = prop(plain, *properties())
+        if reason:
+            return f"{exercise.call} {label}: {reason}"
+    return None
+
+
+def _results(fn, exercise, case: dict):
+    """``fn``'s encoded results on ``case`` through the adapter (None if it raises)."""
+    try:
+        return {k: wire.encode(v) for k, v in exercise.adapter(fn, tensors(case)).items()}
+    except Exception:
+        return None
+
+
+def diagnose(exercise, case: dict, got: dict, want: dict) -> list:
+    """The declared mistakes whose results on ``case`` are the answer's (and not the reference's)."""
+    found = []
+    for m in exercise.mistakes:
+        theirs = _results(m.fn, exercise, case)
+        if theirs is None or set(theirs) != set(got):
+            continue
+        keys = [k for k in got if not k.endswith(AFTER)]
+        tol = lambda k: exercise.tolerance(plain_case(case), k) if exercise.tolerance else None  # noqa: E731
+        if all(compare.same(got[k], theirs[k], tol(k)) for k in keys) and \
+                not all(compare.same(want[k], theirs[k], tol(k)) for k in keys):
+            found.append(m)
+    return found
+
+
+def named(mistakes: list, lead: str = "Your output matches") -> str:
+    if not mistakes:
+        return ""
+    return f"\n{lead} a typical mistake:\n" + "\n".join(f"  - {m.label}: {m.hint}" for m in mistakes)
+
+
+def tensors(case: dict) -> dict:
+    """A case's inputs as the adapters take them: arrays become torch tensors (copies)."""
+    import torch
+
+    return {k: torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else v
+            for k, v in case.items() if k not in ("label", "tags")}
+
+
+# ---------------------------------------------------------------- the kernel's runner
+def run_test(exercise, grade_id: str, piece) -> None:
+    """Run one test's visible cases on ``piece`` in this process; raise AssertionError with the
+    student's message on the first failure."""
+    from ..guard import ForbiddenCall, call_without
+    from ..checks._student import describe
+
+    if grade_id not in exercise.tests:
+        raise KeyError(f"{exercise.name} has no test {grade_id!r}: its tests are {', '.join(exercise.tests)}")
+    test = exercise.tests[grade_id]
+    reference = exercise.reference_piece()
+    for case in exercise.cases(grade_id):
+        try:
+            out = call_without(exercise.adapter, (piece, tensors(case)), **exercise.forbidden)
+        except ForbiddenCall:
+            raise
+        except AssertionError as err:  # the adapter's own finding (no gradient path, say)
+            raise AssertionError(f"{exercise.call} {case['label']}: {err}") from None
+        except Exception as err:
+            text = str(err)
+            extra = "".join(f" {hint}" for pattern, hint in exercise.hints if pattern in text)
+            raise AssertionError(f"{exercise.call} {case['label']} {describe(err)}{extra}") from None
+        got = {k: wire.encode(v) for k, v in out.items()}
+        want = {k: wire.encode(v) for k, v in exercise.adapter(reference, tensors(case)).items()}
+        reason = judge(exercise, test, case, got, want, show=True)
+        if reason:
+            raise AssertionError(reason + named(diagnose(exercise, case, got, want)))
+
+
+def check_for(assignment: str):
+    """The ``check(grade_id, piece)`` of a notebook's test cells, for one declared assignment."""
+    from ..checks._student import student_facing
+
+    exercise = exercises.load(assignment)
+
+    def check(grade_id: str, piece) -> None:
+        run_test(exercise, grade_id, piece)
+
+    check.__doc__ = f"Run one test of {assignment} on your piece (its visible cases): check(grade_id, {exercise.piece})."
+    return student_facing(check)

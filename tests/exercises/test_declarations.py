@@ -1,0 +1,138 @@
+"""The generic harness: every declared exercise (``firstprinciples.exercises``), through both runners.
+
+For each declaration, with its answers table (``tests/exercises/<assignment>_answers.py``: unusual
+correct answers, and wrong answers that no declared mistake names):
+
+- the declaration matches its notebook: the same test cells, points and one-line calls, and every
+  test has cases in the notebook and in the re-check;
+- the reference, written as a student would, passes every test in the kernel (visible cases) and in
+  the trusted re-check (secret cases, several seeds); so does every extra correct answer;
+- every declared mistake fails exactly the test cells it declares, in the kernel (and its message
+  names it there, unless the answer raised) and in the re-check (``fails`` and ``hidden``);
+- every wrong answer of the table fails exactly its cells, in the kernel and in the re-check;
+- every test rejects at least five wrong answers.
+
+The re-check runs in this process (``trusted.local_verdicts``: the same watch, wire format and
+judgement as the grader's runner), on seeds 0, 1 and 2.
+"""
+from __future__ import annotations
+
+import importlib
+import re
+
+import nbformat
+import pytest
+
+from course import SOLUTIONS, as_student_code, nbgrader_meta
+from firstprinciples import exercises
+from firstprinciples.grading import declared, trusted
+
+SEEDS = (0, 1, 2)
+MIN_REJECTIONS = 5
+
+
+def answers(name: str):
+    return importlib.import_module(f"exercises.{name}_answers")
+
+
+def notebook(name: str):
+    paths = sorted((SOLUTIONS / name).glob("*.ipynb"))
+    assert len(paths) == 1, paths
+    return nbformat.read(paths[0], as_version=4)
+
+
+def kernel_failures(exercise, piece) -> dict:
+    """grade_id -> the message of its failure in the kernel's runner (passing tests left out)."""
+    failed = {}
+    for gid in exercise.tests:
+        try:
+            declared.run_test(exercise, gid, piece)
+        except Exception as err:  # any exception fails a test cell
+            failed[gid] = str(err)
+    return failed
+
+
+def recheck_failures(exercise, piece, seed: int) -> dict:
+    """grade_id -> the trusted re-check's reason for failing it (passing tests left out)."""
+    verdicts = trusted.local_verdicts(notebook(exercise.name), {exercise.piece: piece}, seed)
+    return {gid: why for gid, why in verdicts.items() if why}
+
+
+def _params(kind: str) -> list:
+    out = []
+    for name in exercises.NAMES:
+        ex = exercises.load(name)
+        table = answers(name)
+        if kind == "correct":
+            out += [pytest.param(ex, fn, id=f"{name}:{label}") for label, fn in table.CORRECT.items()]
+        elif kind == "mistake":
+            out += [pytest.param(ex, m, id=f"{name}:{m.label}") for m in ex.mistakes]
+        elif kind == "wrong":
+            out += [pytest.param(ex, *row, id=f"{name}:{label}") for label, row in table.WRONG.items()]
+        else:
+            out += [pytest.param(ex, id=name)]
+    return out
+
+
+@pytest.mark.parametrize("exercise", _params("exercise"))
+def test_the_declaration_matches_its_notebook(exercise):
+    cells = {nbgrader_meta(c)["grade_id"]: c for c in notebook(exercise.name).cells
+             if nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution")}
+    assert set(cells) == set(exercise.tests)
+    for gid, test in exercise.tests.items():
+        meta, source = nbgrader_meta(cells[gid]), cells[gid].source
+        assert meta["points"] == test.points, gid
+        code = [ln for ln in source.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+        assert code == [f'check("{gid}", {exercise.piece})'], (gid, code)
+        said = re.match(r"# (\d+) points?:", source)
+        assert said and int(said.group(1)) == test.points, f"{gid}: the comment students read says {said and said.group(1)}"
+        assert exercise.cases(gid), f"{gid} has no visible case"
+        for seed in SEEDS:
+            import numpy as np
+
+            assert exercise.cases(gid, "secret", np.random.default_rng(seed)), f"{gid} has no secret case"
+    for m in exercise.mistakes:
+        assert (m.fails | m.hidden) <= set(exercise.tests), m.label
+
+
+@pytest.mark.parametrize("exercise", _params("exercise"))
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_reference_passes_both_runners(exercise, seed):
+    piece = as_student_code(exercise.reference_piece())
+    if seed == SEEDS[0]:
+        assert kernel_failures(exercise, piece) == {}
+    assert recheck_failures(exercise, piece, seed) == {}
+
+
+@pytest.mark.parametrize("exercise, answer", _params("correct"))
+def test_every_correct_answer_passes_both_runners(exercise, answer):
+    assert kernel_failures(exercise, answer) == {}
+    for seed in SEEDS:
+        assert recheck_failures(exercise, answer, seed) == {}, seed
+
+
+@pytest.mark.parametrize("exercise, mistake", _params("mistake"))
+def test_every_mistake_fails_exactly_its_cells_and_is_named(exercise, mistake):
+    failed = kernel_failures(exercise, mistake.fn)
+    assert set(failed) == mistake.fails, f"in the kernel: failed {sorted(failed)}"
+    for gid, message in failed.items():
+        assert mistake.label in message or " raised " in message, f"{gid} does not name it:\n{message}"
+    seed = SEEDS[exercise.mistakes.index(mistake) % len(SEEDS)]
+    failed = recheck_failures(exercise, mistake.fn, seed)
+    assert set(failed) == mistake.fails | mistake.hidden, f"in the re-check (seed {seed}): failed {sorted(failed)}"
+
+
+@pytest.mark.parametrize("exercise, answer, in_kernel, in_recheck", _params("wrong"))
+def test_every_wrong_answer_fails_exactly_its_cells(exercise, answer, in_kernel, in_recheck):
+    assert set(kernel_failures(exercise, answer)) == set(in_kernel), "in the kernel"
+    seed = SEEDS[hash(answer.__code__.co_firstlineno) % len(SEEDS)]
+    assert set(recheck_failures(exercise, answer, seed)) == set(in_recheck), f"in the re-check (seed {seed})"
+
+
+@pytest.mark.parametrize("exercise", _params("exercise"))
+def test_every_test_rejects_enough_wrong_answers(exercise):
+    table = answers(exercise.name)
+    for gid in exercise.tests:
+        rejected = [m.label for m in exercise.mistakes if gid in m.fails | m.hidden]
+        rejected += [label for label, (_, k, r) in table.WRONG.items() if gid in set(k) | set(r)]
+        assert len(rejected) >= MIN_REJECTIONS, f"{gid} rejects only {rejected}"
