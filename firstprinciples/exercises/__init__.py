@@ -1,7 +1,8 @@
 """Declarations: each exercise's tests, written once.
 
 One module per assignment, named exactly as its folder ``solutions/<assignment>/``, holds an
-``EXERCISE``: data and small pure functions, no grading machinery.
+``EXERCISE`` (or, for a notebook of several graded pieces, ``PIECES``, one per piece): data and
+small pure functions, no grading machinery.
 
 - ``piece``: the notebook object graded, and ``adapter(piece, case) -> {name: result}``, the only
   course code that calls it;
@@ -103,11 +104,28 @@ def case(label: str, tags, **inputs) -> dict:
     return {"label": label, "tags": tuple(sorted({tags} if isinstance(tags, str) else set(tags))), **inputs}
 
 
-def load(name: str) -> Exercise:
-    """The declaration of one assignment (a name not declared is an error)."""
+def pieces(name: str) -> tuple:
+    """Every piece declared for one assignment: its module's ``PIECES``, or its one ``EXERCISE``
+    (a name not declared is an error)."""
     if name not in NAMES:
         raise KeyError(f"no declaration for {name!r}: declared are {', '.join(NAMES)}")
-    return importlib.import_module(f"{__name__}.{name}").EXERCISE
+    module = importlib.import_module(f"{__name__}.{name}")
+    found = tuple(getattr(module, "PIECES", None) or (module.EXERCISE,))
+    for exercise in found:
+        if exercise.name != name:
+            raise ValueError(f"{module.__name__} declares {exercise.piece} for {exercise.name!r}, not {name!r}")
+    return found
+
+
+def load(name: str) -> Exercise:
+    """The declaration of an assignment of one piece."""
+    (exercise,) = pieces(name)
+    return exercise
+
+
+def all_pieces() -> tuple:
+    """Every declared piece of every assignment."""
+    return tuple(e for name in NAMES for e in pieces(name))
 
 
 def plain(value):

@@ -109,9 +109,7 @@ def run_test(exercise, grade_id: str, piece) -> None:
     from ..guard import ForbiddenCall, call_without
     from ..checks._student import describe
 
-    if grade_id not in exercise.tests:
-        raise KeyError(f"{exercise.name} has no test {grade_id!r}: its tests are {', '.join(exercise.tests)}")
-    test = exercise.tests[grade_id]
+    test = exercise.tests[grade_id]  # (a KeyError names the test that is not there)
     reference = exercise.reference_piece()
     for case in exercise.cases(grade_id):
         try:
@@ -135,10 +133,12 @@ def check_for(assignment: str):
     """The ``check(grade_id, piece)`` of a notebook's test cells, for one declared assignment."""
     from ..checks._student import student_facing
 
-    exercise = exercises.load(assignment)
+    declared = {gid: exercise for exercise in exercises.pieces(assignment) for gid in exercise.tests}
 
     def check(grade_id: str, piece) -> None:
-        run_test(exercise, grade_id, piece)
+        if grade_id not in declared:
+            raise KeyError(f"{assignment} has no test {grade_id!r}: its tests are {', '.join(declared)}")
+        run_test(declared[grade_id], grade_id, piece)
 
-    check.__doc__ = f"Run one test of {assignment} on your piece (its visible cases): check(grade_id, {exercise.piece})."
+    check.__doc__ = f"Run one test of {assignment} on your code (its visible cases): check(grade_id, piece)."
     return student_facing(check)

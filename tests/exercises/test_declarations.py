@@ -1,7 +1,8 @@
 """The generic harness: every declared exercise (``firstprinciples.exercises``), through both runners.
 
-For each declaration, with its answers table (``tests/exercises/<assignment>_answers.py``: unusual
-correct answers, and wrong answers that no declared mistake names):
+For each declared piece, with its answers table (``tests/exercises/<assignment>_answers.py``: unusual
+correct answers, and wrong answers that no declared mistake names; for an assignment of several
+pieces the table sets ``PIECES = True`` and keys ``CORRECT`` and ``WRONG`` by piece):
 
 - the declaration matches its notebook: the same test cells, points and one-line calls, and every
   test has cases in the notebook and in the re-check;
@@ -53,32 +54,47 @@ def kernel_failures(exercise, piece) -> dict:
 
 
 def recheck_failures(exercise, piece, seed: int) -> dict:
-    """grade_id -> the trusted re-check's reason for failing it (passing tests left out)."""
-    verdicts = trusted.local_verdicts(notebook(exercise.name), {exercise.piece: piece}, seed)
-    return {gid: why for gid, why in verdicts.items() if why}
+    """grade_id -> the trusted re-check's reason for failing it, among this piece's tests (the
+    notebook's other pieces are the course's, written as a student would)."""
+    namespace = {other.piece: as_student_code(other.reference_piece()) for other in exercises.pieces(exercise.name)}
+    verdicts = trusted.local_verdicts(notebook(exercise.name), {**namespace, exercise.piece: piece}, seed)
+    return {gid: why for gid, why in verdicts.items() if why and gid in exercise.tests}
+
+
+def _id(exercise) -> str:
+    return exercise.name if len(exercises.pieces(exercise.name)) == 1 else f"{exercise.name}.{exercise.piece}"
 
 
 def _params(kind: str) -> list:
     out = []
-    for name in exercises.NAMES:
-        ex = exercises.load(name)
-        table = answers(name)
+    for ex in exercises.all_pieces():
+        table = answers(ex.name)
         if kind == "correct":
-            out += [pytest.param(ex, fn, id=f"{name}:{label}") for label, fn in table.CORRECT.items()]
+            correct = table.CORRECT.get(ex.piece, {}) if hasattr(table, "PIECES") else table.CORRECT
+            out += [pytest.param(ex, fn, id=f"{_id(ex)}:{label}") for label, fn in correct.items()]
         elif kind == "mistake":
-            out += [pytest.param(ex, m, id=f"{name}:{m.label}") for m in ex.mistakes]
+            out += [pytest.param(ex, m, id=f"{_id(ex)}:{m.label}") for m in ex.mistakes]
         elif kind == "wrong":
-            out += [pytest.param(ex, *row, id=f"{name}:{label}") for label, row in table.WRONG.items()]
+            wrong = table.WRONG.get(ex.piece, {}) if hasattr(table, "PIECES") else table.WRONG
+            out += [pytest.param(ex, *row, id=f"{_id(ex)}:{label}") for label, row in wrong.items()]
         else:
-            out += [pytest.param(ex, id=name)]
+            out += [pytest.param(ex, id=_id(ex))]
     return out
+
+
+@pytest.mark.parametrize("name", exercises.NAMES)
+def test_each_declaration_is_named_as_its_assignment_and_covers_its_notebook(name):
+    assert (SOLUTIONS / name).is_dir(), f"firstprinciples/exercises/{name}.py has no solutions/{name}/"
+    cells = {nbgrader_meta(c)["grade_id"] for c in notebook(name).cells
+             if nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution")}
+    declared_tests = [gid for ex in exercises.pieces(name) for gid in ex.tests]
+    assert sorted(declared_tests) == sorted(cells), "every test cell declared once, by one piece"
 
 
 @pytest.mark.parametrize("exercise", _params("exercise"))
 def test_the_declaration_matches_its_notebook(exercise):
     cells = {nbgrader_meta(c)["grade_id"]: c for c in notebook(exercise.name).cells
              if nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution")}
-    assert set(cells) == set(exercise.tests)
     for gid, test in exercise.tests.items():
         meta, source = nbgrader_meta(cells[gid]), cells[gid].source
         assert meta["points"] == test.points, gid
@@ -132,7 +148,8 @@ def test_every_wrong_answer_fails_exactly_its_cells(exercise, answer, in_kernel,
 @pytest.mark.parametrize("exercise", _params("exercise"))
 def test_every_test_rejects_enough_wrong_answers(exercise):
     table = answers(exercise.name)
+    wrong = table.WRONG.get(exercise.piece, {}) if hasattr(table, "PIECES") else table.WRONG
     for gid in exercise.tests:
         rejected = [m.label for m in exercise.mistakes if gid in m.fails | m.hidden]
-        rejected += [label for label, (_, k, r) in table.WRONG.items() if gid in set(k) | set(r)]
+        rejected += [label for label, (_, k, r) in wrong.items() if gid in set(k) | set(r)]
         assert len(rejected) >= MIN_REJECTIONS, f"{gid} rejects only {rejected}"

@@ -149,8 +149,7 @@ def load() -> dict:
     a probe made from each declared exercise (``exercises.NAMES``)."""
     for m in MODULES:
         importlib.import_module(f"{__name__}.{m}")
-    for name in exercises.NAMES:
-        exercise = exercises.load(name)
+    for exercise in exercises.all_pieces():
         if exercise.piece not in REGISTRY:
             register(from_declaration(exercise))
     return REGISTRY
