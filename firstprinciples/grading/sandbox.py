@@ -60,8 +60,11 @@ def python_dirs() -> list[str]:
     import site
 
     dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
-    # Site folders only: never sys.path's current folder (the submission's own folder).
-    dirs.update(p for p in [*site.getsitepackages(), site.getusersitepackages()] if os.path.isdir(p))
+    # Site folders only: never sys.path's current folder (the submission's own folder). Besides the
+    # interpreter's own, the site folders a .pth file put on sys.path (an environment layered on
+    # another's packages).
+    layered = [p for p in sys.path if os.path.basename(p.rstrip(os.sep)) in ("site-packages", "dist-packages")]
+    dirs.update(p for p in [*site.getsitepackages(), site.getusersitepackages(), *layered] if os.path.isdir(p))
     # Keep only the outermost folders.
     out = []
     for d in sorted(os.path.realpath(d) for d in dirs):
