@@ -327,6 +327,28 @@ def test_errors_without_a_message_are_put_in_words():
     cell = nbf.v4.new_code_cell("softmax(x)", outputs=[error("NotImplementedError")])
     explain_errors(cell, "try_it_code", [])
     assert "placeholder" in cell.outputs[0]["evalue"]
+    # deaf to the interrupt: the grader's own words, with where the code was
+    stuck = error("KeyboardInterrupt")
+    stuck["traceback"] = ["Cell In[3], line 2\n----> 2 while True: pass"]
+    fault = "This cell did not finish within 60 s and did not stop when interrupted. Grading went on with a fresh kernel."
+    cell = nbf.v4.new_code_cell("loop()", outputs=[stuck, error("CellTimeoutError"), error("GradingFault", fault)])
+    explain_errors(cell, "code cell 4", [])
+    assert [(o["fp_label"], o["evalue"], o["traceback"]) for o in cell.outputs] == [
+        ("Time limit reached", fault, stuck["traceback"])]
+    labels = {
+        "The kernel died while running this cell (it crashed, exited, went over the memory limit or used up its "
+        "CPU time). Grading went on with a fresh kernel from the next cell.": "The kernel died",
+        "Your softmax killed the kernel (it crashed or went over the memory limit) in try_it_code. This test, "
+        "which calls it, fails at once (it would only do the same again).": "Not run again",
+        "Your softmax did not return within 60 s in try_it_code. This test, which calls it, fails at once (it "
+        "would only do the same again).": "Not run again",
+        "Not run: this notebook used up its 300 s of grading time (an earlier cell hung or was very slow).": "Not run",
+        "Not run: the notebook crashed its kernel too many times.": "Not run",
+    }
+    for value, label in labels.items():
+        cell = nbf.v4.new_code_cell("x", outputs=[error("GradingFault", value)])
+        explain_errors(cell, "test_dims", [])
+        assert (cell.outputs[0]["fp_label"], cell.outputs[0]["evalue"]) == (label, value)
     cell = nbf.v4.new_code_cell("def f(:", outputs=[error("SyntaxError", "invalid syntax (1648086921.py, line 3)")])
     explain_errors(cell, "softmax", [])
     assert cell.outputs[0]["evalue"] == "invalid syntax (line 3)"

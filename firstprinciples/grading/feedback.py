@@ -370,34 +370,47 @@ def _timeout_words(where: str, notes: list[str]) -> str:
 
 
 def explain_errors(cell, where: str, notes: list[str]) -> None:
-    """Give each error output of ``cell`` a label (``fp_label``) and a message in words: an
-    interrupted cell's KeyboardInterrupt and nbclient's CellTimeoutError (both without a
-    message) become one "Time limit reached" that says what ran out of time, where from the
-    KeyboardInterrupt's traceback; any other error without a message says so."""
+    """Give each error output of ``cell`` a label (``fp_label``) and a message in words.
+
+    A cell stopped at its time limit leaves up to three error outputs that say the same: the
+    KeyboardInterrupt of the interrupt (no message; its traceback shows where the code was),
+    nbclient's CellTimeoutError (no message) and, when the interrupt did not stop it, the
+    grader's own "did not finish within" fault. They become one "Time limit reached" box: the
+    grader's words if it has them, else what ran out of time (from ``notes``: the piece and the
+    limit), with the KeyboardInterrupt's traceback. Any other error without a message says so."""
     outputs = cell.get("outputs", [])
     errors = [o for o in outputs if o.get("output_type") == "error"]
     timed_out = any(o.get("ename") == "CellTimeoutError" for o in errors)
-    drop = []
+    stopped = [o for o in errors if o.get("ename") == "CellTimeoutError"
+               or (o.get("ename") == "KeyboardInterrupt" and timed_out and not str(o.get("evalue") or "").strip())
+               or (o.get("ename") == FAULT_NAME and "did not finish within" in str(o.get("evalue") or ""))]
+    drop = set()
+    if stopped:
+        keep = next((o for o in stopped if o.get("ename") == FAULT_NAME), None) or \
+            next((o for o in stopped if o.get("ename") == "KeyboardInterrupt"), stopped[0])
+        where_it_was = next((o.get("traceback") for o in stopped if o.get("ename") == "KeyboardInterrupt"), None)
+        if where_it_was and not keep.get("traceback"):
+            keep["traceback"] = where_it_was
+        keep["fp_label"] = "Time limit reached"
+        if keep.get("ename") != FAULT_NAME:
+            keep["evalue"] = _timeout_words(where, notes)
+        drop = {id(o) for o in stopped if o is not keep}
     for o in errors:
         name, value = o.get("ename", ""), str(o.get("evalue") or "").strip()
-        if name == "CellTimeoutError" or (name == "KeyboardInterrupt" and timed_out and not value):
-            if any(e.get("fp_label") == "Time limit reached" for e in errors if e is not o):
-                drop.append(o)  # the KeyboardInterrupt already says it (and where)
-                continue
-            o["fp_label"] = "Time limit reached"
-            o["evalue"] = value or _timeout_words(where, notes)
-        elif name == FAULT_NAME:
+        if any(o is x for x in stopped):
+            continue
+        if name == FAULT_NAME:
             o["fp_label"] = _fault_label(value)
-        else:
-            o["fp_label"] = LABELS.get(name, name)
-            if name in ("SyntaxError", "IndentationError", "TabError"):
-                o["evalue"] = _TEMP_FILE.sub(r"(line \1)", value)
-            elif not value and name == "NotImplementedError":
-                o["evalue"] = ("Raised without a message: this is the exercise's placeholder, "
-                               "raise NotImplementedError(). Replace it with your code.")
-            elif not value:
-                o["evalue"] = f"{name or 'An error'} was raised without a message."
-    cell["outputs"] = [o for o in outputs if not any(o is d for d in drop)]
+            continue
+        o["fp_label"] = LABELS.get(name, name)
+        if name in ("SyntaxError", "IndentationError", "TabError"):
+            o["evalue"] = _TEMP_FILE.sub(r"(line \1)", value)
+        elif not value and name == "NotImplementedError":
+            o["evalue"] = ("Raised without a message: this is the exercise's placeholder, "
+                           "raise NotImplementedError(). Replace it with your code.")
+        elif not value:
+            o["evalue"] = f"{name or 'An error'} was raised without a message."
+    cell["outputs"] = [o for o in outputs if id(o) not in drop]
 
 
 # ------------------------------------------------------------------ the preprocessor
