@@ -272,8 +272,8 @@ NOTE_KINDS = [
     ("not graded", "Your notebook could not be graded",
      "The grader graded the course's notebook in its place, so every test scores 0."),
     ("timeout", "Your code ran past its time limit",
-     "The grader stops a cell that is still running when its time is up. A piece of yours that did "
-     "not return is not run again: the later tests that call it fail at once."),
+     "The grader stops a cell that is still running when its time is up. When a piece of yours did "
+     "not return, it is not run again: the later tests that call it fail at once."),
     ("died", "The kernel died",
      "The Python process running your notebook stopped: your code crashed it, ended it, or used more "
      "memory or CPU time than allowed. Grading went on in a fresh kernel. A piece of yours that did "
