@@ -5,7 +5,12 @@
 - the reason of a failure first (before any traceback) and wrapped;
 - tracebacks cut to the student's own frames (no _core.py, guard.py, torch);
 - no hidden test's source (their results are shown);
-- the grader's notes for that student (a repaired notebook is told so);
+- the grader's notes for that student, each kind under its own heading: a repaired notebook,
+  a piece that hangs (time limit), a piece that kills its kernel;
+- no empty box: an error without a message (the KeyboardInterrupt and CellTimeoutError of
+  a cell interrupted at its time limit) says what happened in words;
+- a test score an instructor set by hand is shown as such, and nothing on the page claims
+  the automatic score ("This test scores 0.") beside it;
 - an exactness failure prints the value exactly (0.9999999989999999, not "1");
 - math as MathML, and nothing fetched from elsewhere (no remote script or stylesheet).
 """
@@ -54,7 +59,21 @@ FOOLS_CHECKS = '''class checks:
         return lambda *a, **k: None
 checks = checks()
 '''
+# a piece that never returns (interruptible), and one that kills its kernel on every call
+HANGS = '''import torch
+
+def softmax(x, dim=-1):
+    while True:
+        pass
+'''
+DIES = '''import torch
+
+def softmax(x, dim=-1):
+    import os, signal
+    os.kill(os.getpid(), signal.SIGKILL)
+'''
 TESTS = ["test_worked_example", "test_large_inputs", "test_minus_inf", "test_dims", "test_gradients_and_inputs"]
+TIMEOUT = 10  # seconds per cell in this class (the course's 60 would make the hang cost a minute)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +85,8 @@ def feedback(tmp_path_factory):
     correct = solution_answers(source)
     students = {}
     for student, answer in [("correct", None), ("naive", NAIVE), ("epsilon", EPSILON), ("raises", RAISES),
-                            ("repaired", None), ("fools", WRONG)]:
+                            ("repaired", None), ("fools", WRONG), ("hangs", HANGS), ("dies", DIES),
+                            ("by_hand", NAIVE)]:
         nb = fill(release, {**correct, **({"softmax": answer} if answer else {})})
         if student == "repaired":  # a deleted test cell: put back by the grader, with a note
             nb.cells = [c for c in nb.cells if nbgrader_meta(c).get("grade_id") != "test_dims"]
@@ -77,7 +97,15 @@ def feedback(tmp_path_factory):
         folder.mkdir(parents=True)
         nbformat.write(nb, folder / "softmax.ipynb")
         students[student] = folder
-    nbgrader(course, "autograde", "softmax")
+    nbgrader(course, "autograde", "softmax", f"--Execute.timeout={TIMEOUT}", "--RobustExecute.recheck_piece_timeout=10")
+    # an instructor gives 1 of 2 points by hand (as formgrader does) to a test the naive softmax fails
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        grade = gb.find_grade("test_large_inputs", "softmax", "softmax", "by_hand")
+        assert grade.auto_score == 0
+        grade.manual_score = 1
+        gb.db.commit()
     nbgrader(course, "generate_feedback", "softmax")
     pages = {s: (course / "feedback" / s / "softmax" / "softmax.html").read_text() for s in students}
     return course, source, pages
@@ -174,9 +202,156 @@ def test_repair_notes_are_shown_to_that_student_only(feedback):
     _, _, pages = feedback
     notes = soup(pages["repaired"]).find(id="notes")
     assert notes is not None
-    assert "What the grader noted" in notes.get_text() and "were put back" in notes.get_text() and "test_dims" in notes.get_text()
+    assert headings(pages["repaired"]) == ["Your notebook was repaired before grading"]
+    assert "were put back" in notes.get_text() and "test_dims" in notes.get_text()
     assert toc_rows(pages["repaired"])["test_dims"][:2] == ("2 / 2", "passed")
     assert soup(pages["correct"]).find(id="notes") is None
+
+
+def headings(page: str) -> list[str]:
+    """The headings of the grader's notes at the top of a page, in order."""
+    return [h.get_text(strip=True) for h in soup(page).select("#notes h2")]
+
+
+def test_timeouts_deaths_and_repairs_each_have_their_own_heading(feedback):
+    """A time-out is not a repair, nor is a dead kernel: each kind of note under its own heading,
+    the later tests of the piece that hung or killed the kernel with it."""
+    _, _, pages = feedback
+    notes = {s: soup(pages[s]).find(id="notes").get_text(" ", strip=True) for s in ("hangs", "dies")}
+    assert headings(pages["hangs"]) == ["Your code ran past its time limit"], notes["hangs"]
+    assert f"softmax did not return within {TIMEOUT} s" in notes["hangs"]
+    assert "that call softmax failed at once" in notes["hangs"]
+    assert headings(pages["dies"]) == ["The kernel died"], notes["dies"]
+    assert "in softmax" in notes["dies"] and "that call softmax failed at once" in notes["dies"]
+    for student in ("hangs", "dies"):
+        assert "repaired" not in notes[student], notes[student]
+    assert all(soup(pages[s]).find(id="notes") is None for s in ("correct", "naive", "by_hand"))
+
+
+def test_no_box_is_empty(feedback):
+    """Every error box says what happened in words; the cell interrupted at its time limit says
+    so once (KeyboardInterrupt and CellTimeoutError, both without a message, are one box)."""
+    _, _, pages = feedback
+    for student, page in pages.items():
+        for box in soup(page).select("div.fp-reason"):
+            label = box.find(class_="fp-label").get_text(strip=True)
+            said = box.get_text(strip=True)[len(label):].strip()
+            assert label and said, (student, box)
+            assert label not in ("KeyboardInterrupt", "CellTimeoutError", "GradingFault"), (student, box)
+    boxes = [b.get_text(" ", strip=True) for b in soup(pages["hangs"]).select("div.fp-reason")]
+    stopped = [b for b in boxes if b.startswith("Time limit reached")]
+    assert stopped == [f"Time limit reached Your softmax did not return within {TIMEOUT} s, so the grader "
+                       "interrupted it."], boxes
+    assert any(b.startswith("Not run again") for b in boxes), boxes
+    # where it was when it was stopped: the student's loop
+    assert any("while True" in pre.get_text() for pre in soup(pages["hangs"]).select("details.fp-fold pre"))
+    assert any(b.startswith("The kernel died") for b in
+               (x.get_text(" ", strip=True) for x in soup(pages["dies"]).select("div.fp-reason")))
+
+
+def test_a_score_set_by_hand_is_shown_consistently(feedback):
+    """1 of 2 points given by hand to a test the automatic grading scored 0: the table, the
+    test's box and the total all say 1 / 2, the box says it was set by hand, and no message
+    on the page still says "This test scores 0." for that test."""
+    _, _, pages = feedback
+    page = pages["by_hand"]
+    points, result, why = toc_rows(page)["test_large_inputs"]
+    assert (points, result) == ("1 / 2", "partly")
+    assert why.startswith("Score set by your instructor (the automatic grading gave 0 / 2).") and "NaN" in why, why
+    assert "scores 0" not in why
+    panel = soup(page).find("a", id="test_large_inputs").find_parent("div", class_="nbgrader_cell")
+    said = panel.get_text(" ", strip=True)
+    assert "1 / 2 points" in said and "set this test's score by hand: 1 / 2" in said, said
+    assert "automatic grading gave 0 / 2" in said and "scores 0" not in said, said
+    assert "Score: 5 / 10" in text(page)
+    # the other failed tests keep their own words
+    assert toc_rows(page)["test_minus_inf"][2].endswith("This test scores 0.")
+    assert "set by hand" not in text(pages["naive"]) and "Score set by" not in text(pages["naive"])
+
+
+def test_notes_are_grouped_by_kind():
+    """Each note the grader writes (execute, sanitize, verdicts) falls under the heading of what
+    happened; the later tests of a piece go with what the piece did."""
+    from firstprinciples.grading.feedback import group_notes, note_kind
+    from firstprinciples.grading.verdicts import FORBIDDEN_NOTE
+
+    kinds = {
+        "graded as 0: no notebook named 'softmax.ipynb' was submitted": "not graded",
+        "try_it_code timed out: softmax did not return within 60 s": "timeout",
+        "code cell 7 did not finish within 60 s and was interrupted; what it defined before that was kept": "timeout",
+        "softmax did not finish within 60 s and did not stop when interrupted; grading went on in a fresh "
+        "kernel without it": "timeout",
+        "test_dims: the kernel died (in softmax: it crashed, exited, or went over the memory or CPU limit); "
+        "grading went on in a fresh kernel": "died",
+        "syntax error in softmax, line 3: expected ':'": "syntax",
+        "unanswered: softmax (still as released)": "unanswered",
+        FORBIDDEN_NOTE + "softmax calls torch.softmax": "forbidden",
+        "missing cells put back from the source: test_dims": "repair",
+        "cell 'test_dims' was there twice: the last copy is graded, the other runs as a plain cell": "repair",
+        "cell 'test_dims' had been turned into markdown: graded as code again": "repair",
+        "cells with unknown ids graded as plain cells: mine": "repair",
+        "cells without nbgrader metadata recognised by their content: test_dims": "repair",
+        "extra files beside the notebook (the sandboxed kernel does not see them): data.pt": "repair",
+        "graded 'softmax-Copy1.ipynb' (the only notebook submitted) as 'softmax.ipynb'": "repair",
+        "FLAGGED for an instructor: torch.allclose was replaced": "flag",
+        "something new": "other",
+    }
+    assert {note: note_kind(note) for note in kinds} == kinds
+    at_once = "4 later test(s) that call softmax failed at once: test_dims, test_minus_inf"
+    died = "try_it_code: the kernel died (in softmax: it crashed); grading went on in a fresh kernel"
+    hung = "try_it_code timed out: project_qkv did not return within 60 s"
+    groups = group_notes([hung, "missing cells put back from the source: test_dims", died, at_once])
+    assert [(g["heading"], len(g["notes"])) for g in groups] == [
+        ("Your code ran past its time limit", 1), ("The kernel died", 2),
+        ("Your notebook was repaired before grading", 1)], groups
+    assert groups[2]["notes"] == ["cells missing from your notebook were put back from the course's copy and "
+                                  "graded: test_dims"]
+
+
+def test_errors_without_a_message_are_put_in_words():
+    import nbformat as nbf
+
+    from firstprinciples.grading.feedback import explain_errors
+
+    def error(name, value=""):
+        return nbf.v4.new_output("error", ename=name, evalue=value, traceback=[])
+
+    cell = nbf.v4.new_code_cell("loop()", outputs=[error("KeyboardInterrupt"), error("CellTimeoutError")])
+    explain_errors(cell, "code cell 4", ["code cell 4 did not finish within 60 s and was interrupted"])
+    assert [(o["fp_label"], o["evalue"]) for o in cell.outputs] == [
+        ("Time limit reached", "This cell was still running after 60 s, so the grader interrupted it.")]
+    # a KeyboardInterrupt the student raised is not a time-out
+    cell = nbf.v4.new_code_cell("raise KeyboardInterrupt", outputs=[error("KeyboardInterrupt")])
+    explain_errors(cell, "code cell 2", [])
+    assert cell.outputs[0]["evalue"] == "KeyboardInterrupt was raised without a message."
+    cell = nbf.v4.new_code_cell("softmax(x)", outputs=[error("NotImplementedError")])
+    explain_errors(cell, "try_it_code", [])
+    assert "placeholder" in cell.outputs[0]["evalue"]
+    # deaf to the interrupt: the grader's own words, with where the code was
+    stuck = error("KeyboardInterrupt")
+    stuck["traceback"] = ["Cell In[3], line 2\n----> 2 while True: pass"]
+    fault = "This cell did not finish within 60 s and did not stop when interrupted. Grading went on with a fresh kernel."
+    cell = nbf.v4.new_code_cell("loop()", outputs=[stuck, error("CellTimeoutError"), error("GradingFault", fault)])
+    explain_errors(cell, "code cell 4", [])
+    assert [(o["fp_label"], o["evalue"], o["traceback"]) for o in cell.outputs] == [
+        ("Time limit reached", fault, stuck["traceback"])]
+    labels = {
+        "The kernel died while running this cell (it crashed, exited, went over the memory limit or used up its "
+        "CPU time). Grading went on with a fresh kernel from the next cell.": "The kernel died",
+        "Your softmax killed the kernel (it crashed or went over the memory limit) in try_it_code. This test, "
+        "which calls it, fails at once (it would only do the same again).": "Not run again",
+        "Your softmax did not return within 60 s in try_it_code. This test, which calls it, fails at once (it "
+        "would only do the same again).": "Not run again",
+        "Not run: this notebook used up its 300 s of grading time (an earlier cell hung or was very slow).": "Not run",
+        "Not run: the notebook crashed its kernel too many times.": "Not run",
+    }
+    for value, label in labels.items():
+        cell = nbf.v4.new_code_cell("x", outputs=[error("GradingFault", value)])
+        explain_errors(cell, "test_dims", [])
+        assert (cell.outputs[0]["fp_label"], cell.outputs[0]["evalue"]) == (label, value)
+    cell = nbf.v4.new_code_cell("def f(:", outputs=[error("SyntaxError", "invalid syntax (1648086921.py, line 3)")])
+    explain_errors(cell, "softmax", [])
+    assert cell.outputs[0]["evalue"] == "invalid syntax (line 3)"
 
 
 def test_exactness_failure_prints_the_exact_value(feedback):

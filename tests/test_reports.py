@@ -10,7 +10,7 @@ late policy of 20 % per started day, read from docs/instructors/reports.md):
   (overflow on large inputs: one reason, two students);
 - ``wrongdim``: ``dim`` ignored, always the last axis;
 - ``twin_a``, ``twin_b``: the same long, unusual answer, renamed and reformatted
-  (must be flagged as a pair);
+  (must be one cluster);
 - ``pastes_ref``: the course's reference module pasted (must be flagged against
   ``firstprinciples/reference/attention.py``);
 - ``late``: the solution's code, submitted 1.5 days late (penalty 40 % in lms.csv);
@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import datetime
 import os
+import re
 import subprocess
 import sys
 import time
@@ -137,7 +138,7 @@ def graded(tmp_path_factory):
 
     return {"course": course, "stdout": proc.stdout, "seconds": seconds, "tests": rows("softmax-tests.csv"),
             "lms": rows("lms.csv"), "per_test": rows("per-test.csv"), "similarity": rows("softmax-similarity.csv"),
-            "md": (out / "softmax-tests.md").read_text()}
+            "pairs": rows("softmax-similarity-pairs.csv"), "md": (out / "softmax-tests.md").read_text()}
 
 
 def test_per_test_table_counts_and_reasons(graded):
@@ -181,24 +182,111 @@ def test_per_test_csv(graded):
 
 
 def test_similarity_flags_copies_not_independent_answers(graded):
-    pairs = {(r["student"], r["other"]): r for r in graded["similarity"]}
+    clusters = {r["students"]: r for r in graded["similarity"]}
+    assert set(clusters) == {"twin_a twin_b", "pastes_ref"}, clusters
+    twins, pasted = clusters["twin_a twin_b"], clusters["pastes_ref"]
+    assert (twins["size"], twins["around"], twins["source"]) == ("2", "twin_a", "")
+    assert pasted["around"] == pasted["source"] == "reference:firstprinciples/reference/attention.py"
+    assert all(r["grade_id"] == "softmax" and float(r["alike_min"]) >= 0.8 for r in clusters.values())
+    assert (twins["grade_min"], twins["grade_max"], twins["max_score"]) == ("10", "10", "10")
+    pairs = {(r["students"], r["other"]): r for r in graded["pairs"]}
     assert set(pairs) == {("twin_a", "twin_b"), ("pastes_ref", "reference:firstprinciples/reference/attention.py")}
-    assert all(r["grade_id"] == "softmax" and float(r["score"]) >= 0.8 and int(r["matched"]) >= 100
-               for r in pairs.values())
-    assert "softmax: 9 answers, 2 pairs listed, 3 alike but too short to judge" in graded["stdout"]
-    assert "not compared: broken: softmax.ipynb unreadable" in graded["stdout"]
+    assert all(int(r["matched"]) >= 100 for r in pairs.values())
+    out = graded["stdout"]
+    assert "softmax: 9 answers (8 distinct), 2 clusters of 3 students, 2 alike but too short to judge" in out, out
+    assert "softmax  cluster 1: 2 students around twin_a  alike 0.92  grades 10 / 10: twin_a, twin_b" in out, out
+    assert "not compared: broken: softmax.ipynb unreadable" in out
 
 
 def test_similarity_minimum_size_is_what_spares_short_answers(graded, tmp_path):
-    """Without the minimum size, the solution's three lines (correct, late) match the reference;
-    the independent short answer stays below the threshold even then."""
+    """Without the minimum size, the solution's three lines (correct, late: the same answer) join
+    the course's code; the independent short answer stays below the threshold even then."""
     proc, _ = run_reports(graded["course"], "--out", str(tmp_path), "--min-size", "0")
     with open(tmp_path / "softmax-similarity.csv", newline="") as f:
-        pairs = {(r["student"], r["other"]) for r in csv.DictReader(f)}
-    assert ("correct", "solution:solutions/softmax/softmax.ipynb") in pairs
-    assert ("correct", "late") in pairs
-    assert not {p for p in pairs if "indep" in p}, pairs
-    assert not {p for p in pairs if "noshift_a" in p and "noshift_b" in p}
+        clusters = {r["students"]: r for r in csv.DictReader(f)}
+    with open(tmp_path / "softmax-similarity-pairs.csv", newline="") as f:
+        pairs = {(r["students"], r["other"]) for r in csv.DictReader(f)}
+    copied = next(r for students, r in clusters.items() if "correct" in students.split())
+    assert {"correct", "late"} <= set(copied["students"].split())
+    assert "solution:solutions/softmax/softmax.ipynb" in copied["source"]
+    assert ("correct late", "(each other)") in pairs and ("correct late", "solution:solutions/softmax/softmax.ipynb") in pairs
+    assert not any("indep" in students.split() for students in clusters), clusters
+    assert not any({"noshift_a", "noshift_b"} <= set(students.split()) for students in clusters)
+
+
+def _leaked_class(n: int, seed: int = 0) -> dict:
+    """n students: one in two hands in a leaked long answer (as is, renamed, re-commented, or
+    with a line added), the others a short honest softmax of their own (different forms)."""
+    import random
+
+    rng = random.Random(seed)
+    honest = ["m = {x}.amax(dim=dim, keepdim=True)", "m = {x}.max(dim=dim, keepdim=True).values"]
+    norm = ["return e / e.sum(dim=dim, keepdim=True)", "return e / torch.sum(e, dim=dim, keepdim=True)"]
+    out = {}
+    for i in range(n):
+        if rng.random() < 0.5:
+            code = TWIN_A
+            roll = rng.random()
+            if roll < 0.3:  # renamed: the same answer once normalised
+                for a, b in (("moved", "t"), ("flat", "f"), ("rows", "acc"), ("top", "big")):
+                    code = re.sub(rf"\b{a}\b", b, code)
+            elif roll < 0.5:
+                code = code.replace("    return out", "    out = out.contiguous()\n    return out")
+        else:
+            x = rng.choice(["x", "t", "s"])
+            code = (f"def softmax({x}, dim=-1):\n    " + rng.choice(honest).format(x=x)
+                    + f"\n    e = torch.exp({x} - m)\n    " + rng.choice(norm) + "\n")
+        out[f"s{i:03d}"] = code
+    return out
+
+
+def test_a_leaked_solution_is_one_cluster_whatever_the_class_size():
+    """Students who share one leaked answer are one cluster (not n^2/2 pairs), and the copies
+    cost one comparison each answer: the comparisons do not grow with the class."""
+    from firstprinciples.grading.reports import cluster_answers, reference_files
+
+    refs = reference_files()
+    found = {n: cluster_answers(_leaked_class(n), refs) for n in (30, 120)}
+    for n, f in found.items():
+        leakers = sorted(s for s, code in _leaked_class(n).items() if "reshape" in code)
+        assert [c["students"] for c in f["clusters"]] == [leakers], (n, f["clusters"])
+        assert f["clusters"][0]["alike"][1] == 1.0 and f["clusters"][0]["alike"][0] >= 0.8
+        assert len(f["pairs"]) <= 3, f["pairs"]  # as is and renamed (one answer), a line added, and the two
+        assert f["distinct"] <= 3 + 4, f["distinct"]  # three leaked forms, four honest ones
+    assert found[120]["comparisons"] == found[30]["comparisons"], {n: f["comparisons"] for n, f in found.items()}
+    # the clusters of students who are alike without the course's code: built around the most common answer
+    twins = cluster_answers({"a": TWIN_A, "b": TWIN_B, "c": TWIN_A, "d": INDEP}, {})
+    assert [(c["students"], c["around"], c["source"]) for c in twins["clusters"]] == [(["a", "b", "c"], "a", "")]
+
+
+def test_the_printed_report_is_one_line_per_cluster(graded, tmp_path):
+    """About 30 more students hand in twin_a's answer: still two printed clusters, not 500 pairs."""
+    import shutil
+
+    course = tmp_path / "course"
+    shutil.copytree(graded["course"], course, ignore=shutil.ignore_patterns("reports"))
+    release = nbformat.read(course / "exercises" / "softmax" / "softmax.ipynb", as_version=4)
+    for student, code in _leaked_class(80, seed=3).items():
+        if "reshape" in code:
+            (course / "submitted" / student / "softmax").mkdir(parents=True)
+            nbformat.write(fill(release, {"softmax": code}), course / "submitted" / student / "softmax" / "softmax.ipynb")
+    leakers = len(list((course / "submitted").glob("s0*")))
+    assert leakers >= 30, leakers
+    proc, seconds = run_reports(course, "--out", str(tmp_path / "out"))
+    lines = proc.stdout.split("similarity (alike:")[1].splitlines()
+    clusters = [l for l in lines if re.search(r" cluster \d+: ", l)]
+    assert len(clusters) == 2, lines
+    big = next(l for l in clusters if "s0" in l)
+    # built around the answer most of them handed in as is; twin_a and twin_b (graded) are in it
+    assert re.search(rf"{leakers + 2} students around s0\d\d  alike 0\.8\d-1\.00  grades 10 / 10 \(2 graded\): ", big), big
+    assert big.endswith(f"and {leakers + 2 - 12} more"), big
+    with open(tmp_path / "out" / "softmax-similarity.csv", newline="") as f:
+        row = next(r for r in csv.DictReader(f) if r["size"] == str(leakers + 2))
+    assert {"twin_a", "twin_b"} <= set(row["students"].split()) and row["graded"] == "2"
+    with open(tmp_path / "out" / "softmax-similarity-pairs.csv", newline="") as f:
+        # four forms of the leaked answer (as is or renamed, a line added, twin_a, twin_b): at most 6 pairs
+        # between them, 2 rows of identical copies, and pastes_ref's, however many hand them in
+        assert len(list(csv.DictReader(f))) <= 9
 
 
 def test_reports_are_fast(graded):
@@ -228,12 +316,45 @@ def test_reasons_are_normalised(tmp_path):
 
 
 def test_reports_take_a_pattern_as_autograde_does(graded, tmp_path):
-    """``"*"`` (every assignment of the gradebook), as ``nbgrader autograde "*"`` takes it; a
-    pattern that names nothing is refused with the reason."""
-    course = graded["course"]
+    """``"*"`` (every assignment of the gradebook), as ``nbgrader autograde "*"`` takes it: every
+    report for every assignment, also one that nobody has submitted yet; a pattern that names
+    nothing is refused with the reason."""
+    import shutil
+
+    from nbgrader.api import Gradebook
+
+    course = tmp_path / "course"  # (a copy: the class's gradebook gets a second assignment)
+    shutil.copytree(graded["course"], course, ignore=shutil.ignore_patterns("reports"))
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        gb.update_or_create_assignment("qkv")
     out = tmp_path / "all"
     proc, _ = run_reports(course, "--out", str(out), assignment="*")
-    assert (out / "softmax-tests.csv").exists() and (out / "lms.csv").exists(), proc.stdout
-    assert "wrote softmax-tests.csv" in proc.stdout
+    for assignment in ("softmax", "qkv"):
+        for report in ("tests.csv", "tests.md", "similarity.csv", "similarity-pairs.csv"):
+            assert (out / f"{assignment}-{report}").exists(), (assignment, report, proc.stdout)
+        assert f"wrote {assignment}-tests.csv" in proc.stdout or f"; {assignment}-tests.csv" in proc.stdout
+    with open(out / "lms.csv", newline="") as f:
+        lms = list(csv.DictReader(f))
+    assert {"softmax", "qkv"} <= set(lms[0]) and all(r["qkv"] == "0" for r in lms)
+    assert (out / "per-test.csv").exists()
     proc, _ = run_reports(course, "--out", str(tmp_path / "none"), assignment="nothing*", ok=False)
     assert "no assignment 'nothing*'" in proc.stderr
+
+
+def test_the_documented_commands_run_as_written(graded):
+    """docs/instructors/reports.md's commands, run as written in the course folder (the default
+    --course), "*" included."""
+    import shlex
+
+    page = docpages.section("# Instructors: class reports")
+    commands = [shlex.split(line, comments=True) for line in docpages.code_blocks(page, "bash")[0].splitlines()]
+    commands = [c for c in commands if c]
+    assert [c[-1] for c in commands] == ["softmax", "*"], commands
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NBGRADER", "FP_GRADEBOOK"))}
+    for command in commands:
+        assert command[:3] == ["python", "-m", "firstprinciples.grading.reports"], command
+        proc = subprocess.run([sys.executable, *command[1:]], cwd=graded["course"], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "wrote softmax-tests.csv" in proc.stdout and "softmax-similarity-pairs.csv" in proc.stdout, proc.stdout
+        assert (graded["course"] / "reports" / "softmax-similarity.csv").exists()

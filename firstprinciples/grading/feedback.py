@@ -11,15 +11,23 @@ the reason of a failure on one unwrapped line, and MathJax loaded from a CDN
   TESTS`` block from the cells and from the tracebacks (their results stay);
   cuts each traceback to the student's own frames (no frame of the course
   package, the standard library or an installed package; a test cell's frame
-  keeps only the line that failed); and hands the template the grader's notes
-  for this student and notebook (``sanitize.notes_path``, what was repaired).
+  keeps only the line that failed); hands the template the grader's notes
+  for this student and notebook (``sanitize.notes_path``), grouped by what happened
+  (``NOTE_KINDS``: not graded, time limit, kernel died, syntax error, unanswered,
+  forbidden call, repaired), each group under its own heading; puts every error
+  without a message in words (``explain_errors``: a cell interrupted at its time
+  limit leaves an empty KeyboardInterrupt and an empty CellTimeoutError, shown as one
+  "Time limit reached" that names the piece and the limit); and marks the test cells
+  whose score an instructor set by hand (from the gradebook: a manual score that
+  differs from the automatic one), so that the page shows that score as set by hand,
+  beside the automatic one, and drops the automatic grading's "This test scores 0.".
 - ``FeedbackExporter`` (``GenerateFeedback.exporter_class``): nbgrader's HTML
   exporter with the course's ``templates/student_feedback`` template, used
   wherever nbgrader asks for its own ``feedback`` template (so formgrader's
   "generate feedback" button uses it too), and LaTeX in markdown rendered to MathML at feedback time
   (``latex2mathml``): no script at all, nothing fetched.
 
-The page: the notebook's score, the notes ("What the grader noted about your notebook: ..."),
+The page: the notebook's score, the notes under their headings ("Your code ran past its time limit"),
 a table of the tests by name (grade_id) with their points and
 the first line of each failure's reason; then the notebook, each test cell
 headed by its name and points, the reason first (wrapped), the test's source
@@ -40,7 +48,9 @@ from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Bool, default, validate
 
+from .execute import FAULT_NAME
 from .sanitize import _coursedir, notes_path
+from .verdicts import FORBIDDEN_NOTE
 
 TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 TEMPLATE_NAME = "student_feedback"  # (not "feedback": that is the name of nbgrader's output folder)
@@ -236,8 +246,8 @@ def student_frames(traceback: list[str], cell, cells, hidden_lines: set[str]) ->
 
 
 # ------------------------------------------------------------------ notes
-# The grader's notes (firstprinciples.grading.sanitize) are written for an instructor; the
-# student reads the known ones in these words (any other note is shown as it is).
+# The grader's notes (firstprinciples.grading.sanitize, execute, verdicts) are written for an
+# instructor; the student reads the known ones in these words (any other note is shown as it is).
 _NOTES_FOR_STUDENTS = [
     ("missing cells put back from the source: ",
      "cells missing from your notebook were put back from the course's copy and graded: "),
@@ -257,6 +267,152 @@ def for_student(note: str) -> str:
     return note
 
 
+# Each kind of note under a heading of its own, in this order: (kind, heading, what it means).
+NOTE_KINDS = [
+    ("not graded", "Your notebook could not be graded",
+     "The grader graded the course's notebook in its place, so every test scores 0."),
+    ("timeout", "Your code ran past its time limit",
+     "The grader stops a cell that is still running when its time is up. When a piece of yours did "
+     "not return, it is not run again: the later tests that call it fail at once."),
+    ("died", "The kernel died",
+     "The Python process running your notebook stopped: your code crashed it, ended it, or used more "
+     "memory or CPU time than allowed. Grading went on in a fresh kernel. A piece of yours that did "
+     "this is not run again: the later tests that call it fail at once."),
+    ("syntax", "Code Python could not read", "A cell with a syntax error defines nothing."),
+    ("unanswered", "Unanswered", "These answer cells are still as they were released."),
+    ("forbidden", "Calls your code must not make", "A test whose piece makes such a call scores 0."),
+    ("repair", "Your notebook was repaired before grading",
+     "The grader fixed these changes to the notebook's structure, then graded it as usual."),
+    ("flag", "Flagged for your instructor", ""),
+    ("other", "Also noted", ""),
+]
+_REPAIRS = re.compile(r"^(missing cells put back from the source: |cells with unknown ids graded as plain cells: "
+                      r"|cells without nbgrader metadata recognised by their content: "
+                      r"|extra files beside the notebook |cell '.*' (was there twice|had been turned into )"
+                      r"|graded '.*' \(the only notebook submitted\) as )")
+_AT_ONCE = re.compile(r"later test\(s\) that call (\w+) failed at once")
+
+
+def note_kind(note: str) -> str:
+    """Which of ``NOTE_KINDS`` a grader's note (as the grader wrote it) is."""
+    if note.startswith("graded as 0: "):
+        return "not graded"
+    if note.startswith(FLAG_PREFIX):
+        return "flag"
+    if note.startswith(FORBIDDEN_NOTE):
+        return "forbidden"
+    if note.startswith("syntax error in "):
+        return "syntax"
+    if note.startswith("unanswered: "):
+        return "unanswered"
+    if "the kernel died" in note:
+        return "died"
+    if " timed out: " in note or "did not finish within" in note:
+        return "timeout"
+    if _REPAIRS.match(note):
+        return "repair"
+    return "other"
+
+
+def group_notes(notes: list[str]) -> list[dict]:
+    """The notes by kind, in ``NOTE_KINDS`` order: [{kind, heading, meaning, notes}], in the
+    student's words. "N later tests that call P failed at once" goes with the note that says
+    what P did (it hung, or it killed the kernel)."""
+    kinds = [note_kind(n) for n in notes]
+    for i, note in enumerate(notes):
+        m = _AT_ONCE.search(note)
+        if m and kinds[i] == "other":
+            piece = re.compile(rf"\b{re.escape(m.group(1))}\b")
+            kinds[i] = next((k for n, k in zip(notes, kinds) if k in ("timeout", "died") and piece.search(n)),
+                            "timeout")
+    groups = []
+    for kind, heading, meaning in NOTE_KINDS:
+        mine = [for_student(n) for n, k in zip(notes, kinds) if k == kind]
+        if mine:
+            groups.append({"kind": kind, "heading": heading, "meaning": meaning, "notes": mine})
+    return groups
+
+
+# ------------------------------------------------------------------ errors, in words
+# The label above an error's message (any other error is labelled by its name).
+LABELS = {
+    "TrustedCheckFailed": "Failed the grader's re-check",
+    "AssertionError": "Test failed",
+    "YourCodeFailed": "Your code raised an error",
+}
+_TEMP_FILE = re.compile(r"\(\d+\.py, line (\d+)\)")  # IPython's "(1648086921.py, line 3)"
+_WITHIN = re.compile(r"within (\d+(?:\.\d+)?) s")
+
+
+def _fault_label(evalue: str) -> str:
+    """The label of the grader's own error output (``execute.FAULT_NAME``), from what it says."""
+    if "kernel died" in evalue or "killed the kernel" in evalue:
+        return "The kernel died" if "fails at once" not in evalue else "Not run again"
+    if "fails at once" in evalue:
+        return "Not run again"
+    if evalue.startswith("Not run"):
+        return "Not run"
+    if "did not finish within" in evalue:
+        return "Time limit reached"
+    return "Stopped by the grader"
+
+
+def _timeout_words(where: str, notes: list[str]) -> str:
+    """What a cell interrupted at its time limit says, with the limit and the piece when a note names them."""
+    note = next((n for n in notes if n.startswith(where + " ") and note_kind(n) == "timeout"), "")
+    limit = _WITHIN.search(note)
+    piece = re.search(r" timed out: (.+?) did not return", note)
+    if piece:
+        did = f"Your {piece.group(1)} did not return" + (f" within {limit.group(1)} s" if limit else " in time")
+    else:
+        did = "This cell was still running " + (f"after {limit.group(1)} s" if limit else "when its time was up")
+    return did + ", so the grader interrupted it."
+
+
+def explain_errors(cell, where: str, notes: list[str]) -> None:
+    """Give each error output of ``cell`` a label (``fp_label``) and a message in words.
+
+    A cell stopped at its time limit leaves up to three error outputs that say the same: the
+    KeyboardInterrupt of the interrupt (no message; its traceback shows where the code was),
+    nbclient's CellTimeoutError (no message) and, when the interrupt did not stop it, the
+    grader's own "did not finish within" fault. They become one "Time limit reached" box: the
+    grader's words if it has them, else what ran out of time (from ``notes``: the piece and the
+    limit), with the KeyboardInterrupt's traceback. Any other error without a message says so."""
+    outputs = cell.get("outputs", [])
+    errors = [o for o in outputs if o.get("output_type") == "error"]
+    timed_out = any(o.get("ename") == "CellTimeoutError" for o in errors)
+    stopped = [o for o in errors if o.get("ename") == "CellTimeoutError"
+               or (o.get("ename") == "KeyboardInterrupt" and timed_out and not str(o.get("evalue") or "").strip())
+               or (o.get("ename") == FAULT_NAME and "did not finish within" in str(o.get("evalue") or ""))]
+    drop = set()
+    if stopped:
+        keep = next((o for o in stopped if o.get("ename") == FAULT_NAME), None) or \
+            next((o for o in stopped if o.get("ename") == "KeyboardInterrupt"), stopped[0])
+        where_it_was = next((o.get("traceback") for o in stopped if o.get("ename") == "KeyboardInterrupt"), None)
+        if where_it_was and not keep.get("traceback"):
+            keep["traceback"] = where_it_was
+        keep["fp_label"] = "Time limit reached"
+        if keep.get("ename") != FAULT_NAME:
+            keep["evalue"] = _timeout_words(where, notes)
+        drop = {id(o) for o in stopped if o is not keep}
+    for o in errors:
+        name, value = o.get("ename", ""), str(o.get("evalue") or "").strip()
+        if any(o is x for x in stopped):
+            continue
+        if name == FAULT_NAME:
+            o["fp_label"] = _fault_label(value)
+            continue
+        o["fp_label"] = LABELS.get(name, name)
+        if name in ("SyntaxError", "IndentationError", "TabError"):
+            o["evalue"] = _TEMP_FILE.sub(r"(line \1)", value)
+        elif not value and name == "NotImplementedError":
+            o["evalue"] = ("Raised without a message: this is the exercise's placeholder, "
+                           "raise NotImplementedError(). Replace it with your code.")
+        elif not value:
+            o["evalue"] = f"{name or 'An error'} was raised without a message."
+    cell["outputs"] = [o for o in outputs if id(o) not in drop]
+
+
 # ------------------------------------------------------------------ the preprocessor
 class StudentFeedback(NbGraderPreprocessor):
     """Prepares an autograded notebook for a student's eyes (see the module docstring)."""
@@ -270,9 +426,18 @@ class StudentFeedback(NbGraderPreprocessor):
             lines = cell.source.splitlines()
             for first, last in hidden_ranges(cell.source):
                 hidden_lines.update(l.strip() for l in lines[first - 1:last] if l.strip())
-        for cell in nb.cells:
+        raw = self._raw_notes(resources)
+        notes = [n for n in raw if self.show_flags or not n.startswith(FLAG_PREFIX)]
+        by_hand = self._set_by_hand(resources)
+        for index, cell in enumerate(nb.cells):
             self._cell(cell, nb.cells, hidden_lines)
-        resources.setdefault("fp_feedback", {})["notes"] = self._notes(resources)
+            if cell.cell_type == "code":
+                explain_errors(cell, _grade_id(cell) or f"code cell {index + 1}", raw)
+            auto = by_hand.get(_grade_id(cell))
+            if auto is not None and cell.get("metadata", {}).get("nbgrader", {}).get("grade"):
+                self._by_hand(cell, auto)
+        resources.setdefault("fp_feedback", {})["notes"] = [for_student(n) for n in notes]
+        resources["fp_feedback"]["groups"] = group_notes(notes)
         resources["fp_feedback"]["tests"] = self._tests(nb)
         return nb, resources
 
@@ -286,20 +451,48 @@ class StudentFeedback(NbGraderPreprocessor):
         if BEGIN_HIDDEN in cell.source:
             cell.source = strip_hidden(cell.source)
 
-    def _notes(self, resources) -> list[str]:
+    def _raw_notes(self, resources) -> list[str]:
+        """The grader's notes on this student's notebook, as the grader wrote them."""
         info = resources.get("nbgrader", {})
         if not info.get("student"):
             return []
         path = notes_path(_coursedir(self).root, info["assignment"], info["student"], info["notebook"])
         try:
-            lines = [l.strip() for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
+            return [l.strip() for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
         except OSError:
             return []
-        return [for_student(l) for l in lines if self.show_flags or not l.startswith(FLAG_PREFIX)]
+
+    def _set_by_hand(self, resources) -> dict:
+        """{grade_id: the automatic score} of the autograded cells whose score an instructor
+        changed by hand (a manual score that differs from the automatic one)."""
+        info = resources.get("nbgrader", {})
+        if not (info.get("student") and info.get("db_url")):
+            return {}
+        from nbgrader.api import Gradebook, MissingEntry
+
+        try:
+            with Gradebook(info["db_url"]) as gb:
+                notebook = gb.find_submission_notebook(info["notebook"], info["assignment"], info["student"])
+                return {g.name: float(g.auto_score) for g in notebook.grades
+                        if g.manual_score is not None and g.auto_score is not None
+                        and float(g.manual_score) != float(g.auto_score)}
+        except MissingEntry:
+            return {}
+
+    @staticmethod
+    def _by_hand(cell, auto: float) -> None:
+        """A test cell whose score an instructor set by hand: the page says so, and no message
+        of the automatic grading claims a score ("This test scores 0.") that is no longer the one shown."""
+        meta = cell.metadata.nbgrader
+        meta["fp_auto_score"] = auto
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "error":
+                o["evalue"] = re.sub(r"\s*This test scores 0\.\s*$", "", str(o.get("evalue", "")))
 
     @staticmethod
     def _tests(nb) -> list[dict]:
-        """Every graded cell: name, score, points and the first line of each failure's reason."""
+        """Every graded cell: name, score, points, the automatic score where an instructor set the
+        score by hand, and the first line of each failure's reason."""
         tests = []
         for cell in nb.cells:
             meta = cell.get("metadata", {}).get("nbgrader", {})
@@ -313,6 +506,11 @@ class StudentFeedback(NbGraderPreprocessor):
                          "answer" if cell.cell_type == "code" else "written answer"),
                 "score": meta.get("score"),
                 "points": meta.get("points"),
+                "auto_score": meta.get("fp_auto_score"),
                 "reason": _RECHECK.sub("re-check: ", next((r[0] for r in reasons if r), "")),
             })
         return tests
+
+
+def _grade_id(cell) -> str:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "") or ""

@@ -16,20 +16,31 @@ writes into ``--out`` (default ``<course>/reports``):
   ``max(0, score - late_submission_penalty)``, 0 without a submission) and a total;
 - ``per-test.csv``: student, assignment, notebook, grade_id, score, max (the cell's
   score before any late penalty: nbgrader stores the penalty per notebook);
-- ``<assignment>-similarity.csv``: pairs of answers (solution cells, by grade_id)
+- ``<assignment>-similarity.csv``: clusters of answers (solution cells, by grade_id)
   nearly identical, once identifiers, comments, docstrings and layout are normalised,
-  to the course's reference (``solutions/<assignment>``, ``firstprinciples/reference``)
-  or to another student's answer. It lists pairs with a score; it decides nothing.
+  to each other or to the course's own code (``solutions/<assignment>``,
+  ``firstprinciples/reference``): students who may share one source, one row per
+  cluster (its size, students, the answer or course file it is built around, how alike,
+  the students' grades), one printed line each; ``<assignment>-similarity-pairs.csv``:
+  the alike pairs behind them, between distinct answers (the students who handed in the
+  same normalised answer are one row). It decides nothing.
 
 Similarity uses copydetect (token filtering with pygments: every identifier becomes
 one symbol, comments and whitespace dropped, strings one symbol; then winnowed
 k-gram fingerprints). The code released to every student (the stub of the answer
-cell) is boilerplate and never counts. A pair is listed when the matched part covers
+cell) is boilerplate and never counts. Two answers are alike when the matched part covers
 at least ``--threshold`` (0.8) of one side and is at least ``--min-size`` (100)
 normalised characters long, about five lines of code: below that, independent
 correct answers (a three-line softmax) are the same token stream as the reference and
 nothing can be told from the text. Answers that reach the threshold but are too
-short are counted per grade_id in the printed summary, never listed.
+short are counted per grade_id in the printed summary, never listed. A cluster is a
+connected group of alike answers (``cluster_answers``).
+
+Work: each distinct text is fingerprinted once (linear in the class); the students whose
+normalised answers are the same are one answer, compared with itself once; only distinct
+answers are compared pairwise, and only those that share a fingerprint in full. Copies of
+one leaked solution cost one comparison, however many students hand it in; what grows
+with the square is the number of distinct answers that share code.
 
 The gradebook is the course's (``c.CourseDirectory.db_url`` in its
 ``nbgrader_config.py``, which reads ``$FP_GRADEBOOK_URL``; else ``gradebook.db`` in
@@ -271,9 +282,19 @@ def reference_files() -> dict:
             for p in sorted(folder.glob("*.py")) if p.name != "__init__.py"}
 
 
-def similarity(cd, assignment: str, threshold: float = THRESHOLD, min_size: int = MIN_SIZE):
-    """(pairs, summary, problems): pairs of answers at least ``threshold`` alike over at
-    least ``min_size`` normalised characters; summary per (notebook, grade_id)."""
+def similarity(cd, assignment: str, threshold: float = THRESHOLD, min_size: int = MIN_SIZE,
+               grades: dict | None = None):
+    """(clusters, pairs, summary, problems) for one assignment.
+
+    Per answer cell (notebook, grade_id): answers whose normalised text is the same are one
+    answer (one fingerprint, one comparison with itself to know how long the shared part is);
+    the distinct answers are compared with each other and with the course's own code (the
+    solution cell, ``firstprinciples/reference``), and two answers are alike when the matched
+    part covers at least ``threshold`` of one side over at least ``min_size`` normalised
+    characters. A cluster is a connected group of alike answers (``cluster_answers``); its
+    students may share one source. ``pairs`` are the alike relations actually found (one row
+    per distinct answer pair, and one per answer several students submitted identically);
+    ``grades``: {student: (score, max score)} for the clusters' grade range."""
     sources = source_notebooks(cd, assignment)
     release = {}
     for path in glob.glob(cd.format_path(cd.release_directory, ".", assignment) + "/*.ipynb"):
@@ -295,42 +316,154 @@ def similarity(cd, assignment: str, threshold: float = THRESHOLD, min_size: int 
                     continue
             for gid, code in answers_of(nb).items():
                 students.setdefault((notebook, gid), {})[student] = code
-    pairs, summary = [], []
+    clusters, pairs, summary = [], [], []
     for (notebook, gid), answers in sorted(students.items()):
         stub = release.get(notebook, {}).get(gid, "")
         boiler = _fingerprint("stub", stub).hashes if stub else set()
-        fps = {s: _fingerprint(s, code, boiler) for s, code in answers.items()}
         others = dict(refs)
         if gid in answers_of(sources.get(notebook, nbformat.v4.new_notebook())):
             others[f"solution:{cd.source_directory}/{assignment}/{notebook}.ipynb"] = \
                 _clean(answers_of(sources[notebook])[gid])
-        other_fps = {name: _fingerprint(name.split("/")[-1], code, boiler) for name, code in others.items()}
-        short = set()
+        found = cluster_answers(answers, others, boiler, threshold, min_size)
+        where = {"assignment": assignment, "notebook": notebook, "grade_id": gid}
+        for number, c in enumerate(found["clusters"], 1):
+            marks = [grades[s] for s in c["students"] if grades and s in grades]
+            clusters.append({**where, "cluster": number, "size": len(c["students"]),
+                             "students": " ".join(c["students"]), "around": c["around"],
+                             "source": c["source"], "alike_min": round(c["alike"][0], 3),
+                             "alike_max": round(c["alike"][1], 3),
+                             "grade_min": _num(min(m[0] for m in marks)) if marks else "",
+                             "grade_max": _num(max(m[0] for m in marks)) if marks else "",
+                             "max_score": _num(marks[0][1]) if marks else "", "graded": len(marks)})
+        for p in found["pairs"]:
+            pairs.append({**where, **p})
+        summary.append({**where, "answers": len(answers), "distinct": found["distinct"],
+                        "clusters": len(found["clusters"]),
+                        "in_clusters": sum(len(c["students"]) for c in found["clusters"]),
+                        "too_short": len(found["too_short"]), "comparisons": found["comparisons"]})
+    clusters.sort(key=lambda c: (c["notebook"], c["grade_id"], c["cluster"]))
+    return clusters, pairs, summary, problems
 
-        def judge(student, other, a, b):
-            share_a, share_b, overlap = _compare(a, b)
-            score = max(share_a, share_b)
-            if score >= threshold and overlap < min_size:
-                short.add(student)
-            elif score >= threshold:
-                pairs.append({"assignment": assignment, "notebook": notebook, "grade_id": gid,
-                              "student": student, "other": other, "score": round(score, 3),
-                              "student_share": round(share_a, 3), "other_share": round(share_b, 3),
-                              "matched": overlap})
 
-        for student, fp in fps.items():
-            for other, ofp in other_fps.items():
-                judge(student, other, fp, ofp)
-        for (s1, f1), (s2, f2) in itertools.combinations(sorted(fps.items()), 2):
-            judge(s1, s2, f1, f2)
-        summary.append({"notebook": notebook, "grade_id": gid, "answers": len(fps),
-                        "listed": sum(p["grade_id"] == gid and p["notebook"] == notebook for p in pairs),
-                        "too_short": len(short)})
-    pairs.sort(key=lambda p: (-p["score"], p["grade_id"], p["student"], p["other"]))
-    return pairs, summary, problems
+def cluster_answers(answers: dict, others: dict, boiler=(), threshold: float = THRESHOLD,
+                    min_size: int = MIN_SIZE) -> dict:
+    """The students' answers to one cell ({student: code}) grouped by where they come from.
+
+    ``others``: {name: code} of the course's own versions (a student alike one of them is in
+    its cluster, which is built around it). Work: one fingerprint per distinct raw text, one
+    comparison per normalised answer submitted by several students, then every pair of
+    distinct normalised answers (and each with ``others``) that share at least one
+    fingerprint: a class that shares one leaked solution costs about as much as one student.
+    Returns {clusters: [{students, around, source, alike: (min, max)}], pairs, distinct,
+    too_short: set of students, comparisons: how many copydetect comparisons ran}."""
+    by_text, nodes = {}, {}  # raw text -> fingerprint; normalised text -> node
+    for student, code in sorted(answers.items()):
+        fp = by_text.get(code)
+        if fp is None:
+            fp = by_text[code] = _fingerprint(student, code, boiler)
+        nodes.setdefault(fp.filtered_code, {"students": [], "fp": fp, "ref": None})["students"].append(student)
+    nodes = list(nodes.values())
+    for name, code in sorted(others.items()):
+        nodes.append({"students": [], "fp": _fingerprint(name.split("/")[-1], code, boiler), "ref": name})
+    comparisons, edges, too_short = 0, [], set()
+
+    def judge(i, j):
+        nonlocal comparisons
+        a, b = nodes[i]["fp"], nodes[j]["fp"]
+        if not a.hashes & b.hashes:
+            return
+        comparisons += 1
+        share_a, share_b, overlap = _compare(a, b)
+        score = max(share_a, share_b)
+        if score < threshold:
+            return
+        if overlap < min_size:
+            too_short.update(nodes[i]["students"] + nodes[j]["students"])
+            return
+        edges.append((i, j, score, share_a, share_b, overlap))
+
+    for i, node in enumerate(nodes):  # identical copies: one comparison for all of them
+        if len(node["students"]) > 1:
+            judge(i, i)
+    answers_only = [i for i, n in enumerate(nodes) if n["ref"] is None]
+    for i, j in itertools.combinations(range(len(nodes)), 2):
+        if nodes[i]["ref"] is None or nodes[j]["ref"] is None:  # (the course's versions are not compared with each other)
+            judge(i, j)
+    parent = list(range(len(nodes)))
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, j, *_ in edges:
+        parent[root(i)] = root(j)
+    members, links = collections.defaultdict(list), collections.defaultdict(list)
+    for i in range(len(nodes)):
+        members[root(i)].append(i)
+    for edge in edges:
+        links[root(edge[0])].append(edge)
+    found = []
+    for r, mine in links.items():
+        people = sorted(s for i in members[r] for s in nodes[i]["students"])
+        if not people:
+            continue
+        refs = [i for i in members[r] if nodes[i]["ref"] is not None]
+        weight = collections.Counter()  # how many students' answers are directly alike each answer
+        for i, j, *_ in mine:
+            if i != j:
+                weight[i] += len(nodes[j]["students"])
+                weight[j] += len(nodes[i]["students"])
+        # built around the course's own version most of it matches, else the answer most students share
+        centre = max(refs, key=lambda i: (weight[i], -i)) if refs else \
+            max(members[r], key=lambda i: (len(nodes[i]["students"]) + weight[i], -i))
+        found.append((people, members[r], centre, refs, mine))
+    found.sort(key=lambda f: (-len(f[0]), f[0]))
+    cluster_of, clusters = {}, []
+    for number, (people, nodes_in, centre, refs, mine) in enumerate(found, 1):
+        for i in nodes_in:
+            cluster_of[i] = number
+        clusters.append({"students": people, "around": nodes[centre]["ref"] or nodes[centre]["students"][0],
+                         "source": ", ".join(nodes[i]["ref"] for i in refs),
+                         "alike": (min(e[2] for e in mine), max(e[2] for e in mine))})
+    pairs = []
+    for i, j, score, share_a, share_b, overlap in edges:
+        other = "(each other)" if i == j else nodes[j]["ref"] or " ".join(nodes[j]["students"])
+        pairs.append({"cluster": cluster_of[i], "students": " ".join(nodes[i]["students"]) or nodes[i]["ref"],
+                      "other": other, "score": round(score, 3), "student_share": round(share_a, 3),
+                      "other_share": round(share_b, 3), "matched": overlap})
+    pairs.sort(key=lambda p: (p["cluster"], -p["score"], p["students"], p["other"]))
+    listed = {s for c in clusters for s in c["students"]}
+    return {"clusters": clusters, "pairs": pairs, "distinct": len(answers_only), "too_short": too_short - listed,
+            "comparisons": comparisons}
 
 
 # ---------------------------------------------------------------- command
+CLUSTER_COLUMNS = ["assignment", "notebook", "grade_id", "cluster", "size", "students", "around", "source",
+                   "alike_min", "alike_max", "grade_min", "grade_max", "max_score", "graded"]
+PAIR_COLUMNS = ["assignment", "notebook", "grade_id", "cluster", "students", "other", "score", "student_share",
+                "other_share", "matched"]
+NAMES_SHOWN = 12  # students named on a cluster's printed line (the CSV names them all)
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def cluster_line(c: dict) -> str:
+    """One printed line per cluster: grade_id, size, what it is built around, how alike, the
+    grades of its students, and who they are."""
+    names = c["students"].split()
+    who = ", ".join(names[:NAMES_SHOWN]) + (f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN else "")
+    alike = f"{c['alike_min']:.2f}" + (f"-{c['alike_max']:.2f}" if c["alike_max"] != c["alike_min"] else "")
+    grades = "" if c["grade_min"] == "" else \
+        f"  grades {c['grade_min']}" + (f"-{c['grade_max']}" if c["grade_max"] != c["grade_min"] else "") + \
+        f" / {c['max_score']}" + (f" ({c['graded']} graded)" if c["graded"] < c["size"] else "")
+    return (f"{c['grade_id']}  cluster {c['cluster']}: {_count(c['size'], 'student')} "
+            f"around {c['around']}  alike {alike}{grades}: {who}")
+
+
 def _write_csv(path: Path, header: list[str], rows: list[dict]) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=header)
@@ -363,6 +496,9 @@ def main(argv=None) -> int:
         tables = {name: test_table(gb, cd, name) for name in names}
         header, lms = lms_rows(gb)
         per_test = per_test_rows(gb)
+        grades = {name: {sub.student.id: (max(0.0, (sub.score or 0.0) - (sub.late_submission_penalty or 0.0)),
+                                          sub.max_score or 0.0)
+                         for sub in gb.assignment_submissions(name)} for name in names}
     _write_csv(out / "lms.csv", header, lms)
     _write_csv(out / "per-test.csv", ["student_id", "assignment", "notebook", "grade_id", "score", "max_score"],
                per_test)
@@ -372,20 +508,22 @@ def main(argv=None) -> int:
         _write_csv(out / f"{name}-tests.csv", list(rows[0]) if rows else ["grade_id"], rows)
         table = tests_markdown(name, rows, problems)
         (out / f"{name}-tests.md").write_text(table)
-        pairs, summary, sim_problems = similarity(cd, name, args.threshold, args.min_size)
-        _write_csv(out / f"{name}-similarity.csv",
-                   ["assignment", "notebook", "grade_id", "student", "other", "score", "student_share", "other_share",
-                    "matched"], pairs)
+        clusters, pairs, summary, sim_problems = similarity(cd, name, args.threshold, args.min_size, grades[name])
+        _write_csv(out / f"{name}-similarity.csv", CLUSTER_COLUMNS, clusters)
+        _write_csv(out / f"{name}-similarity-pairs.csv", PAIR_COLUMNS, pairs)
         print(table)
-        print(f"similarity (listed: >= {args.threshold:g} alike over >= {args.min_size} normalised characters):")
+        print(f"similarity (alike: >= {args.threshold:g} of one side over >= {args.min_size} normalised characters; "
+              "one line per cluster of alike answers):")
         for s in summary:
-            print(f"  {s['grade_id']}: {s['answers']} answers, {s['listed']} pairs listed, "
+            print(f"  {s['grade_id']}: {_count(s['answers'], 'answer')} ({s['distinct']} distinct), "
+                  f"{_count(s['clusters'], 'cluster')} of {_count(s['in_clusters'], 'student')}, "
                   f"{s['too_short']} alike but too short to judge")
-        for p in pairs:
-            print(f"  {p['score']:.2f}  {p['grade_id']}  {p['student']} ~ {p['other']}  ({p['matched']} characters)")
+            for c in (c for c in clusters if (c["notebook"], c["grade_id"]) == (s["notebook"], s["grade_id"])):
+                print("  " + cluster_line(c))
         for problem in sim_problems:
             print(f"  not compared: {problem}")
-        written.append(f"{name}-tests.csv, {name}-tests.md, {name}-similarity.csv ({len(pairs)} pairs)")
+        written.append(f"{name}-tests.csv, {name}-tests.md, {name}-similarity.csv ({_count(len(clusters), 'cluster')}), "
+                       f"{name}-similarity-pairs.csv")
     print(f"wrote {'; '.join(written)}; lms.csv ({len(lms)} students), per-test.csv to {out} "
           f"in {time.monotonic() - started:.1f} s")
     return 0
