@@ -188,14 +188,12 @@ def test_hidden_tests_source_is_never_shown(feedback):
         m = re.search(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", cell.source, re.S)
         if m:
             hidden += [line.strip() for line in m.group(1).splitlines() if line.strip()]
-    assert "checks.check_large_inputs(softmax)" in hidden
+    assert hidden == []  # softmax is declared: its hidden tier is the re-check's secret cases
     for student, page in pages.items():
         t = text(page)
         assert "HIDDEN TESTS" not in page, student
-        for line in hidden:
-            assert line not in t, (student, line)
-    # their results are shown: the re-check's and the hidden checks' failures name their inputs
-    assert "around +-1000" in text(pages["naive"])
+    # the re-check's failures are shown: they say what kind of input failed (not its values)
+    assert "rows around" in text(pages["naive"])
 
 
 def test_repair_notes_are_shown_to_that_student_only(feedback):
@@ -265,7 +263,8 @@ def test_a_score_set_by_hand_is_shown_consistently(feedback):
     assert "automatic grading gave 0 / 2" in said and "scores 0" not in said, said
     assert "Score: 5 / 10" in text(page)
     # the other failed tests keep their own words
-    assert toc_rows(page)["test_minus_inf"][2].endswith("This test scores 0.")
+    other = soup(page).find("a", id="test_minus_inf").find_parent("div", class_="nbgrader_cell")
+    assert "This test scores 0." in other.get_text(" ", strip=True)
     assert "set by hand" not in text(pages["naive"]) and "Score set by" not in text(pages["naive"])
 
 

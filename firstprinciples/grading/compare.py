@@ -125,8 +125,9 @@ def _arrays(name, entry, got, want, tol, values, grad, show) -> str | None:
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
         at = f": {entry}{list(idx)} = {fmt(g64[idx])} where {fmt(w64[idx])} was expected" if show else ""
-        return (f"{name} has a non-finite entry{at} ({int(bad.sum())} such entries). Look for overflow in exp() "
-                "or for -inf reaching a place it should not.")
+        nan = int(np.isnan(g64[bad]).sum())
+        return (f"{name} has a non-finite entry{at} ({nan} NaN and {int(bad.sum()) - nan} infinite where finite "
+                "values were expected). Look for overflow in exp() or for -inf reaching a place it should not.")
     if not np.array_equal(np.isnan(g64), np.isnan(w64)) or not np.array_equal(
             np.isinf(g64) * np.sign(np.nan_to_num(g64)), np.isinf(w64) * np.sign(np.nan_to_num(w64))):
         idx = tuple(int(i) for i in np.argwhere(~np.isfinite(w64) & (np.nan_to_num(g64, nan=0.5) != np.nan_to_num(w64, nan=0.5)))[0])

@@ -141,7 +141,7 @@ def normalise_reason(text: str) -> str:
     return text if len(text) <= 240 else text[:239] + "…"
 
 
-_MISTAKE = re.compile(r"matches a typical mistake:\s*-\s*([^:\n]+):")
+_MISTAKE = re.compile(r"match(?:es)? a typical mistake:\s*-\s*([^:\n]+):")  # (the kernel's, the re-check's)
 
 
 def cell_reason(cell) -> tuple[str, str | None]:
