@@ -911,3 +911,42 @@ def test_every_probe_module_is_loaded():
     files = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
     assert files == set(probes.MODULES), (files ^ set(probes.MODULES))
     assert len(probes.MODULES) == len(set(probes.MODULES))
+
+
+# ---------------------------------------------------------------- the adapter-only runner
+REACHES_FOR_THE_COURSE = '''
+import importlib
+import firstprinciples
+
+def softmax(x, dim=-1):
+    for name in ("firstprinciples.reference", "firstprinciples.reference.attention", "firstprinciples.checks.attention",
+                 "firstprinciples.grading.probes.attention", "firstprinciples.capstone.model", "firstprinciples.lengths"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+        raise RuntimeError("importable: " + name)
+    if hasattr(firstprinciples, "reference") or hasattr(firstprinciples, "capstone"):
+        raise RuntimeError("reachable as an attribute of the package")
+    e = torch.exp(x - x.amax(dim=dim, keepdim=True))
+    return e / e.sum(dim=dim, keepdim=True)
+'''
+
+
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["plain", "sandboxed"])
+def test_a_declared_pieces_runner_holds_no_course_implementation(sandboxed):
+    """The re-check's runner of a declared piece (softmax) loads the adapter only: the reference,
+    the checks and probes of the other exercises and the course's models cannot be imported there,
+    nor reached as attributes of the package (an answer that could would pass this re-check only
+    if they were missing; the same answer in a runner that holds them fails)."""
+    from firstprinciples.grading import recheck, sandbox
+
+    nb = nbformat.read(SOFTMAX, as_version=4)
+    for cell in nb.cells:
+        if nbgrader_meta(cell).get("grade_id") == "softmax":
+            cell.source = REACHES_FOR_THE_COURSE
+    plan = trusted.make_plan(nb, 0, trusted.course_sources(SOFTMAX))
+    outcomes, _ = trusted.recheck(plan, sandbox.recheck_command(sandboxed), trusted.Limits())
+    assert trusted.apply(nb, plan, outcomes)[0] == {}
+    assert recheck.refused("firstprinciples.reference") and recheck.refused("firstprinciples.checks.attention")
+    assert not recheck.refused("firstprinciples.checks._student") and not recheck.refused("firstprinciples.grading.probes")

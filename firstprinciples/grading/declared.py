@@ -39,7 +39,7 @@ def judge(exercise, test, case: dict, got: dict, want: dict, *, show: bool = Tru
         if set(got) == {"returned"}:
             return f"{exercise.call} {label} returned {compare.describe(got['returned'])}, not what was asked."
         return f"{exercise.call} {label} gave {', '.join(sorted(got)) or 'nothing'}, expected {', '.join(sorted(want))}."
-    plain = plain_case(case)
+    plain = {**plain_case(case), "show": show}  # (a property may name values only where ``show``)
     for key in want:  # an input must be left as it was, whatever the test
         if key.endswith(AFTER) and compare.compare(key, got[key], want[key], tol=EXACT, grad=False):
             which = key[: -len(AFTER)]
@@ -88,7 +88,10 @@ def diagnose(exercise, case: dict, got: dict, want: dict) -> list:
     return found
 
 
-def named(mistakes: list, lead: str = "Your output matches") -> str:
+def named(mistakes: list, lead: str = "Your output matches", said: str = "") -> str:
+    """The lines that name ``mistakes`` after a message (``said``: a mistake whose hint the message
+    already gives is not repeated)."""
+    mistakes = [m for m in mistakes if m.hint not in said]
     if not mistakes:
         return ""
     return f"\n{lead} a typical mistake:\n" + "\n".join(f"  - {m.label}: {m.hint}" for m in mistakes)
@@ -126,7 +129,7 @@ def run_test(exercise, grade_id: str, piece) -> None:
         want = {k: wire.encode(v) for k, v in exercise.adapter(reference, tensors(case)).items()}
         reason = judge(exercise, test, case, got, want, show=True)
         if reason:
-            raise AssertionError(reason + named(diagnose(exercise, case, got, want)))
+            raise AssertionError(reason + named(diagnose(exercise, case, got, want), said=reason))
 
 
 def check_for(assignment: str):

@@ -172,6 +172,52 @@ def refuse_new_processes() -> bool:
     return libc.prctl(22, 2, ctypes.cast(ctypes.pointer(fprog), ctypes.c_void_p), 0, 0) == 0  # PR_SET_SECCOMP, FILTER
 
 
+# The course's own implementations, never part of an answer: the reference, the checks and probes
+# of the exercises not yet declared, the models of the capstone and of the lengths chapter. A
+# runner whose pieces are all declared needs none of them (its probes are adapters), so it refuses
+# them: they are taken out of ``sys.modules`` and of their parent packages, and importing one raises
+# ImportError. (Objects that other modules still hold, reached through ``gc`` or a module's
+# attribute, are recognised when called: ``observe``'s tables hold their identities and places.)
+COURSE_IMPLEMENTATIONS = ("firstprinciples.reference", "firstprinciples.checks", "firstprinciples.grading.probes.",
+                          "firstprinciples.capstone", "firstprinciples.lengths")
+# What the declared notebooks still import from those packages: the student-facing failure messages
+# (``grading.declared`` uses them for the test cells' ``check``; no implementation of a piece).
+STILL_IMPORTABLE = ("firstprinciples.checks", "firstprinciples.checks._student", "firstprinciples.checks._core")
+
+
+def refused(name: str) -> bool:
+    if name in STILL_IMPORTABLE:
+        return False
+    return any(name == c or name.startswith(c if c.endswith(".") else c + ".") for c in COURSE_IMPLEMENTATIONS)
+
+
+class _Refuse:
+    """A finder first on ``sys.meta_path``: importing a course implementation raises ImportError."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if refused(name):
+            raise ImportError(f"{name} is not available in the grader's re-check: the course's own implementations "
+                              "are not part of an answer")
+        return None
+
+
+def refuse_course_implementations() -> list:
+    """Take the course's implementations out of reach of ``import`` (see COURSE_IMPLEMENTATIONS);
+    return the names taken out."""
+    gone = sorted(n for n in list(sys.modules) if refused(n))
+    for name in gone:
+        sys.modules.pop(name, None)
+        parent, _, attr = name.rpartition(".")
+        if parent in sys.modules and getattr(sys.modules[parent], attr, None) is not None:
+            try:
+                delattr(sys.modules[parent], attr)
+            except AttributeError:
+                pass
+    sys.meta_path.insert(0, _Refuse)
+    return gone
+
+
 class CellInterrupted(BaseException):
     """A loaded cell ran past its time limit (raised by the SIGALRM handler)."""
 
@@ -199,6 +245,7 @@ def main() -> None:
     import torch  # (imported before any student code)
     import torch.overrides
 
+    from .. import exercises
     from . import observe, probes, runtime, wire
 
     job = json.loads(sys.stdin.buffer.read())
@@ -221,7 +268,12 @@ def main() -> None:
         while data:
             data = data[_write(out, data):]
 
-    registry = probes.load()
+    names = [p["name"] for p in job["pieces"]]
+    declared = {e.piece: e for e in exercises.all_pieces()}
+    adapter_only = bool(names) and all(n in declared for n in names)
+    # A declared piece's probe is its declaration's adapter (no reference, no probe module); the
+    # others' come from the probe modules (which hold the course's implementations they need).
+    registry = {n: probes.from_declaration(declared[n], resolve=False) for n in names} if adapter_only else probes.load()
     # What the runner uses after student code has run, taken now, before: the probes themselves
     # (replacing an entry of the registry, or the module's ``report``, afterwards changes nothing
     # here), in a tuple (no item of it can be replaced).
@@ -233,6 +285,8 @@ def main() -> None:
     # saw, matched there (a table emptied here afterwards changes nothing).
     send({"event": "baseline", "ids": {name: observe.identities(observe.forbidden_python(**probe.watch()))
                                        for name, probe, _cases, _state in pieces}})
+    if adapter_only:  # (after the baseline, which holds the forbidden functions' identities)
+        refuse_course_implementations()
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     shell = Shell(namespace)
     namespace.update(ipython_names(shell))

@@ -654,8 +654,8 @@ class Outcome:
                 why = found.get("error") or judge_case(check, aspect, enc, found["got"], found.get("want"))
             except Exception as e:  # a malformed result (wrong types): it fails, it never stops grading
                 why = f"its result could not be read ({type(e).__name__})"
-            if why and check.probe.declared is not None and "error" not in found:
-                return why  # (a declared exercise's reason names its case itself)
+            if why and check.probe.declared is not None:  # (a declared exercise's reason names its case itself)
+                return why if "error" not in found else f"{check.probe.declared.call} {_label(enc, i)}: {why}"
             if why:
                 return f"on {_label(enc, i)}: {why}"
         return None
@@ -670,7 +670,7 @@ def judge_case(check: Check, aspect: probes.Aspect, enc: dict, got: dict, want: 
     if aspect.test is not None and check.probe.declared is not None:  # a declared exercise: its own judgement
         exercise, case = check.probe.declared, declared.plain_case(probes.decode_case(enc))
         why = declared.judge(exercise, aspect.test, case, got, want, show=False)
-        return why and why + declared.named(declared.diagnose(exercise, case, got, want), "Your results match")
+        return why and why + declared.named(declared.diagnose(exercise, case, got, want), "Your results match", why)
     if check.probe.judge is not None:
         return check.probe.judge(probes.decode_case(enc), got)
     if set(got) != set(want):

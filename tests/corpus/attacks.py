@@ -44,6 +44,8 @@ def _softmax(body: str, extra_top: str = "") -> dict:
 FORBIDDEN = "must not use"
 REWRITTEN = "could not be re-checked"
 NOT_WATCHED = "could not watch your code"
+# a declared piece's runner refuses to import the course's implementations
+REFUSED = "not available in the grader's re-check"
 
 ATTACKS = [
     # ------------------------------------------------ a child process, unseen by the watch
@@ -68,7 +70,7 @@ ATTACKS = [
      ''', '''
         from firstprinciples.grading import probes
         probes.load()["softmax"].forbidden.clear()  # the runner used to read the probe's forbidden names
-     '''), "extra": [], "score": 0, "reason": FORBIDDEN, "flag": "internals"},
+     '''), "extra": [], "score": 0, "reason": REFUSED, "flag": "internals"},
     {"id": "atk_replaces_registry_entry", "assignment": "causal_mask", "answers": {"causal_mask": _c('''
         import dataclasses
         import torch
@@ -101,16 +103,22 @@ ATTACKS = [
      ''', '''
         import gc
         import types
-        import firstprinciples.reference as _r
+        import torch
         from firstprinciples.grading import observe
         for _o in gc.get_objects():  # every table of forbidden code the runner holds, emptied
             if isinstance(_o, observe.Table):
-                _o.ids.clear(); _o.places.clear(); _o.digests.clear()
+                _o.ids.clear(); _o.places.clear()
         observe._FORBIDDEN.clear()
-        _inner = _r.softmax.__wrapped__
-        _ref = types.FunctionType(_inner.__code__.replace(co_firstlineno=_inner.__code__.co_firstlineno + 1,
-                                                          co_filename="mine.py"), _inner.__globals__)
-     '''), "extra": [], "score": 0, "reason": "course's reference", "flag": "internals"},
+        # the reference where the runner still holds one (import is refused), its code moved a line
+        _found = next((o for o in gc.get_objects() if getattr(o, "__module__", None) == "firstprinciples.reference.attention"
+                       and getattr(o, "__name__", None) == "softmax"), None)
+        if _found is not None:
+            _inner = _found.__wrapped__
+            _ref = types.FunctionType(_inner.__code__.replace(co_firstlineno=_inner.__code__.co_firstlineno + 1,
+                                                              co_filename="mine.py"), _inner.__globals__)
+        else:  # (a declared piece's runner holds none: the built-in, then)
+            _ref = lambda x, dim: torch.softmax(x, dim)
+     '''), "extra": [], "score": 0, "reason": FORBIDDEN, "flag": "internals"},
     {"id": "atk_reimports_reference", "assignment": "softmax", "answers": _softmax('''
         return _fresh.softmax(x, dim)
      ''', '''
@@ -119,7 +127,7 @@ ATTACKS = [
         for _name in [n for n in sys.modules if n.startswith("firstprinciples.reference")]:
             del sys.modules[_name]  # new objects: not the ones the grader was told of
         _fresh = importlib.import_module("firstprinciples.reference")
-     '''), "extra": [], "score": 0, "reason": "course's reference", "flag": "internals"},
+     '''), "extra": [], "score": 0, "reason": REFUSED, "flag": "internals"},
     {"id": "atk_checks_reference_rmsnorm", "assignment": "modern_block", "answers": {"RMSNorm": _c('''
         import torch
         from torch import nn
@@ -289,11 +297,13 @@ ATTACKS = [
         return out
      '''), "extra": [], "score": 0, "reason": FORBIDDEN},
     {"id": "atk_reference_import", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX},
-     "extra": [("end", "from firstprinciples.reference import softmax\n")], "score": 0, "reason": "course's reference"},
+     "extra": [("end", "from firstprinciples.reference import softmax\n")], "score": 0, "reason": REFUSED},
+    # the reference reached without an import (refused): among the objects the runner still holds, when
+    # it does; calling it is recognised (identity and place), as calling the built-in instead is
     {"id": "atk_reference_wrapped", "assignment": "softmax", "answers": _softmax('''
-        return _ref.__wrapped__(x, dim)
-     ''', "import importlib\n_ref = importlib.import_module('firstprinciples.' + 'reference').softmax"), "extra": [],
-     "score": 0, "reason": "course's reference"},
+        return _ref.__wrapped__(x, dim) if _ref is not None else torch.softmax(x, dim)
+     ''', "import gc\n_ref = next((o for o in gc.get_objects() if getattr(o, \'__module__\', None) == \'firstprinciples.reference.attention\' and getattr(o, \'__name__\', None) == \'softmax\'), None)"), "extra": [],
+     "score": 0, "reason": FORBIDDEN},
     {"id": "atk_reference_code_copy", "assignment": "softmax", "answers": _softmax('''
         return _mine(x, dim)
      ''', '''
@@ -302,7 +312,7 @@ ATTACKS = [
         _inner = _r.softmax.__wrapped__
         # the reference's code object under another name: the guard looked for names
         _mine = types.FunctionType(_inner.__code__.replace(co_name="my_softmax"), _inner.__globals__)
-     '''), "extra": [], "score": 0, "reason": "course's reference"},
+     '''), "extra": [], "score": 0, "reason": REFUSED},
     # ------------------------------------------------ the re-check's own machinery
     {"id": "atk_profiler_off", "assignment": "softmax", "answers": _softmax('''
         torch.autograd._disable_profiler()
@@ -311,7 +321,7 @@ ATTACKS = [
     {"id": "atk_profile_hook_off", "assignment": "softmax", "answers": _softmax('''
         sys.setprofile(None)
         return _ref(x, dim)
-     ''', "import sys\nimport firstprinciples.reference as _r\n_ref = _r.softmax.__wrapped__"), "extra": [],
+     ''', "import gc, sys\n_ref = getattr(next((o for o in gc.get_objects() if getattr(o, \'__module__\', None) == \'firstprinciples.reference.attention\' and getattr(o, \'__name__\', None) == \'softmax\'), None), \'__wrapped__\', None) or (lambda x, dim: torch.softmax(x, dim))"), "extra": [],
      "score": 0, "reason": NOT_WATCHED},
     {"id": "atk_patches_encoder", "assignment": "softmax", "answers": _softmax("return x.clone()", '''
         import torch

@@ -155,12 +155,15 @@ def load() -> dict:
     return REGISTRY
 
 
-def from_declaration(exercise) -> Probe:
+def from_declaration(exercise, resolve: bool = True) -> Probe:
     """The re-check's probe of a declared exercise: its secret cases, its adapter, its reference,
-    and per test cell an aspect that ``declared.judge`` decides (``trusted.judge_case``)."""
+    and per test cell an aspect that ``declared.judge`` decides (``trusted.judge_case``).
+    ``resolve=False``: without the reference (the runner's probe: the runner never computes an
+    expected result, and holds no course implementation)."""
     cells = {gid: Aspect(frozenset(t.tags), "values" if t.values else "structure", None, t)
              for gid, t in exercise.tests.items()}
-    return Probe(exercise.piece, exercise.secret, exercise.adapter, reference=exercise.reference_piece(),
+    return Probe(exercise.piece, exercise.secret, exercise.adapter,
+                 reference=exercise.reference_piece() if resolve else None,
                  forbidden=dict(exercise.forbidden), cells=cells, declared=exercise)
 
 
