@@ -1,6 +1,6 @@
 """The trusted re-check of the plain-function pieces agrees with their checks.
 
-project_qkv and dot_product_scores, rnn_forward, causal_mask, sinusoidal_encoding
+project_qkv and dot_product_scores, rnn_forward, sinusoidal_encoding
 and apply_rope, cross_attention: for every correct answer and every variant of
 their check tables (tests/test_checks_*.py), the test cells that the trusted
 re-check fails are exactly those whose checks the variant fails.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from probetable import agreement_test
 
-import test_checks_causal_mask as CM
 import test_checks_encoder_decoder as ED
 import test_checks_position as P
 import test_checks_qkv as Q
@@ -62,14 +61,6 @@ RNN_CELLS = {
 test_rnn_forward_agrees = agreement_test(
     "rnn/rnn_forward.ipynb", "rnn_forward", RNN_CELLS, R.CORRECT, R.VARIANTS, {},
     differences={"hard-coded worked example": _everywhere(RNN_CELLS, HARD_CODED)})
-
-
-# ---------------------------------------------------------------- causal_mask
-MASK_CELLS = {"test_seed_mask": {"seed"}, "test_shapes_and_dtype": {"shapes"}, "test_values": {"values"}, "test_no_peeking": {"peek"}}
-test_causal_mask_agrees = agreement_test(
-    "causal_mask/causal_mask.ipynb", "causal_mask", MASK_CELLS, CM.CORRECT, CM.VARIANTS, {},
-    differences={"always the 4 x 4 mask": _everywhere(MASK_CELLS, "the seed test is re-checked on another small T too: "
-                                                      "a typed-in 4 x 4 matrix earns nothing there either")})
 
 
 # ---------------------------------------------------------------- positional encodings
@@ -132,7 +123,6 @@ from checktable import outcome  # noqa: E402
 from firstprinciples.checks import attention as A_checks  # noqa: E402
 from firstprinciples.checks import block as Bk_checks  # noqa: E402
 from firstprinciples.checks import capstone as Cap_checks  # noqa: E402
-from firstprinciples.checks import causal_mask as CM_checks  # noqa: E402
 from firstprinciples.checks import encoder_decoder as ED_checks  # noqa: E402
 from firstprinciples.checks import multihead as M_checks  # noqa: E402
 from firstprinciples.checks import position as P_checks  # noqa: E402
@@ -223,9 +213,6 @@ AUDIT = {
     "rope gradients": (
         POSITION, "apply_rope", _doubled(P.rope_complex), {"sinusoidal_encoding": P.correct_table},
         ("test_rope_gradients_and_inputs", _cell(P_checks.check_rope_gradients_and_inputs)), "test_rope_shapes"),
-    "causal_mask shapes and dtype": (
-        "causal_mask/causal_mask.ipynb", "causal_mask", lambda T: torch.zeros(T, T), {},
-        ("test_shapes_and_dtype", _cell(CM_checks.check_shapes_and_dtype)), "test_values"),
     "cross_attention shapes": (
         "encoder_decoder/encoder_decoder.ipynb", "cross_attention",
         lambda x, c, W_q, W_k, W_v, mask=None: _sharp_attention(x @ W_q, c @ W_k, c @ W_v, mask),
