@@ -1,9 +1,9 @@
 """The trusted re-check of the plain-function pieces agrees with their checks.
 
-project_qkv and dot_product_scores, rnn_forward, causal_mask, sinusoidal_encoding
-and apply_rope, cross_attention: for every correct answer and every variant of
-their check tables (tests/test_checks_*.py), the test cells that the trusted
-re-check fails are exactly those whose checks the variant fails.
+project_qkv and dot_product_scores, sinusoidal_encoding and apply_rope,
+cross_attention: for every correct answer and every variant of their check
+tables (tests/test_checks_*.py), the test cells that the trusted re-check fails
+are exactly those whose checks the variant fails.
 
 The one deliberate difference, for each piece that has it: an answer that types
 in the worked example's result. The checks grant it the worked-example test;
@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from probetable import agreement_test
 
-import test_checks_causal_mask as CM
 import test_checks_encoder_decoder as ED
 import test_checks_position as P
 import test_checks_qkv as Q
-import test_checks_rnn as R
 from course import as_student_code
 from firstprinciples import reference
 
@@ -52,24 +50,6 @@ test_dot_product_scores_agrees = agreement_test(
     QKV, "dot_product_scores", SCORES_CELLS, Q.CORRECT["dot_product_scores"], _piece(Q.VARIANTS, "dot_product_scores"),
     {"project_qkv": Q.project_correct},
     differences={"hard-coded worked example": _everywhere(SCORES_CELLS, HARD_CODED)})
-
-
-# ---------------------------------------------------------------- rnn
-RNN_CELLS = {
-    "test_worked_example": {"worked"}, "test_shapes_and_first_step": {"shapes"},
-    "test_random_against_torch": {"random"}, "test_gradients_and_inputs": {"grads"},
-}
-test_rnn_forward_agrees = agreement_test(
-    "rnn/rnn_forward.ipynb", "rnn_forward", RNN_CELLS, R.CORRECT, R.VARIANTS, {},
-    differences={"hard-coded worked example": _everywhere(RNN_CELLS, HARD_CODED)})
-
-
-# ---------------------------------------------------------------- causal_mask
-MASK_CELLS = {"test_seed_mask": {"seed"}, "test_shapes_and_dtype": {"shapes"}, "test_values": {"values"}, "test_no_peeking": {"peek"}}
-test_causal_mask_agrees = agreement_test(
-    "causal_mask/causal_mask.ipynb", "causal_mask", MASK_CELLS, CM.CORRECT, CM.VARIANTS, {},
-    differences={"always the 4 x 4 mask": _everywhere(MASK_CELLS, "the seed test is re-checked on another small T too: "
-                                                      "a typed-in 4 x 4 matrix earns nothing there either")})
 
 
 # ---------------------------------------------------------------- positional encodings
@@ -132,12 +112,10 @@ from checktable import outcome  # noqa: E402
 from firstprinciples.checks import attention as A_checks  # noqa: E402
 from firstprinciples.checks import block as Bk_checks  # noqa: E402
 from firstprinciples.checks import capstone as Cap_checks  # noqa: E402
-from firstprinciples.checks import causal_mask as CM_checks  # noqa: E402
 from firstprinciples.checks import encoder_decoder as ED_checks  # noqa: E402
 from firstprinciples.checks import multihead as M_checks  # noqa: E402
 from firstprinciples.checks import position as P_checks  # noqa: E402
 from firstprinciples.checks import qkv as Q_checks  # noqa: E402
-from firstprinciples.checks import rnn as R_checks  # noqa: E402
 from probetable import trusted_failures  # noqa: E402
 
 
@@ -162,14 +140,6 @@ def _doubled(fn):
         return tuple(2 * t for t in out) if isinstance(out, tuple) else 2 * out
 
     return answer
-
-
-def _later_states_off(x, h0, W_xh, W_hh, b):
-    h, states = h0, []
-    for t in range(x.shape[1]):
-        h = torch.tanh(x[:, t] @ W_xh + h @ W_hh + b) * (1.0 if t == 0 else 0.9)
-        states.append(h)
-    return torch.stack(states, dim=1)
 
 
 def _module_doubled(base):
@@ -203,12 +173,6 @@ AUDIT = {
         "attention/scaled_dot_product_attention.ipynb", "scaled_dot_product_attention",
         lambda Q_, K, V, mask=None: _plain_attention(Q_, K, V, mask, doubled=True), {},
         ("test_gradients_and_inputs", _cell(A_checks.check_gradients_and_inputs)), "test_random_against_torch"),
-    "rnn shapes and first step": (
-        "rnn/rnn_forward.ipynb", "rnn_forward", _later_states_off, {},
-        ("test_shapes_and_first_step", _cell(R_checks.check_shapes_and_first_step)), "test_random_against_torch"),
-    "rnn gradients": (
-        "rnn/rnn_forward.ipynb", "rnn_forward", _doubled(R.einsum_and_unbind), {},
-        ("test_gradients_and_inputs", _cell(R_checks.check_gradients_and_inputs)), "test_random_against_torch"),
     "project_qkv gradients": (
         QKV, "project_qkv", _doubled(Q.project_with_einsum), {"dot_product_scores": Q.scores_correct},
         ("test_project_gradients_and_inputs", _cell(Q_checks.check_projection_gradients_and_inputs)),
@@ -223,9 +187,6 @@ AUDIT = {
     "rope gradients": (
         POSITION, "apply_rope", _doubled(P.rope_complex), {"sinusoidal_encoding": P.correct_table},
         ("test_rope_gradients_and_inputs", _cell(P_checks.check_rope_gradients_and_inputs)), "test_rope_shapes"),
-    "causal_mask shapes and dtype": (
-        "causal_mask/causal_mask.ipynb", "causal_mask", lambda T: torch.zeros(T, T), {},
-        ("test_shapes_and_dtype", _cell(CM_checks.check_shapes_and_dtype)), "test_values"),
     "cross_attention shapes": (
         "encoder_decoder/encoder_decoder.ipynb", "cross_attention",
         lambda x, c, W_q, W_k, W_v, mask=None: _sharp_attention(x @ W_q, c @ W_k, c @ W_v, mask),

@@ -51,12 +51,14 @@ def _correct_answers():
     import importlib
 
     import test_checks_attention as A
+    from course import SOLUTIONS
     from firstprinciples import exercises
 
     out = []
     for assignment in exercises.NAMES:  # (the declared exercises' unusual correct answers)
         exercise, table = exercises.load(assignment), importlib.import_module(f"exercises.{assignment}_answers")
-        out += [(f"{assignment}/{assignment}.ipynb", exercise.piece, name, fn) for name, fn in table.CORRECT.items()]
+        (notebook,) = (SOLUTIONS / assignment).glob("*.ipynb")  # (rnn's is rnn_forward.ipynb)
+        out += [(str(notebook.relative_to(SOLUTIONS)), exercise.piece, name, fn) for name, fn in table.CORRECT.items()]
     out += [("attention/scaled_dot_product_attention.ipynb", "scaled_dot_product_attention", name, fn)
             for name, fn in A.CORRECT.items()]
     return out

@@ -1,5 +1,5 @@
 """The worked example of the chapter "The sequential bottleneck" and of its exercise
-``rnn_forward`` (checked in ``checks.rnn``).
+``rnn_forward`` (its tests: ``firstprinciples.exercises.rnn``).
 
 "The cat sat": three tokens with 2-number embeddings, d_in = d_h = 2. W_xh and
 W_hh are not symmetric, so a transposed weight gives different numbers.

@@ -85,7 +85,7 @@ ATTACKS = [
 
         def causal_mask(T):  # (right shape and dtype: 1 point of 8, as any zeros mask)
             return torch.zeros(T, T)
-     ''')}, "extra": [], "score": 1, "reason": "differs from the reference", "flag": "internals"},
+     ''')}, "extra": [], "score": 1, "reason": "above the diagonal (the future) but should be -inf", "flag": "internals"},
     {"id": "atk_volatile_then_report", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX + _c('''
         import torch
         from firstprinciples.grading import observe, runtime
