@@ -261,9 +261,10 @@ def weights_in_attention(case, out, want):
         return (f"with zero scores, head {h}'s query {i} should spread its weight over keys 0..{i}, more on the nearer "
                 f"ones, but puts {[round(float(w), 3) for w in w_got[b, h, i, :i + 1]]} on them: the bias is "
                 "-m_h * (i - j), negative for far keys.")
-    what = (f"puts weight {float(w_got[b, h, i, j]):.6g} on key {j}, but {float(w_want[b, h, i, j]):.6g} with the ALiBi "
-            f"bias" if _shown(case) else f"puts a weight on key {j} that is off by {float(err.max()):.3g} from the ALiBi "
-                                         "bias's")
+    if _shown(case):
+        what = f"puts weight {float(w_got[b, h, i, j]):.6g} on key {j}, but {float(w_want[b, h, i, j]):.6g} with the ALiBi bias"
+    else:
+        what = f"puts a weight on key {j} that is off by {float(err.max()):.3g} from the ALiBi bias's"
     return (f"with your bias added to the scores and the causal mask, head {h}'s query {i} {what}. The bias penalises "
             "a key by m_h times its distance i - j: nearer keys lose less.")
 
@@ -307,8 +308,10 @@ def _visible() -> tuple:
         _case("", "upper", 4, 6),
         *(_case("", "definition", n, T, dt) for n, T, dt in ((4, 32, ""), (3, 11, "float64"), (2, 9, "float32"))),
         _case("for n_heads=4, T=8 and T=24", "definition", 4, 8, longer=24),
-        _attention("for n_heads=4, T=10, dtype=float32, queries and keys of shape (2, 4, 10, 8)", "attention", g, 4, 10),
-        _attention("for n_heads=4, T=5, with zero scores (the bias alone)", "attention", g, 4, 5, B=1, d_k=2, zeros=True),
+        _attention("for n_heads=4, T=10, dtype=float32, queries and keys of shape (2, 4, 10, 8)", "attention",
+                   g, 4, 10),
+        _attention("for n_heads=4, T=5, with zero scores (the bias alone)", "attention",
+                   g, 4, 5, B=1, d_k=2, zeros=True),
     )
 
 
@@ -331,7 +334,8 @@ def secret(rng: np.random.Generator) -> list:
         (4, 6, ""), (3, 17, "float64"), (8, 10, "float32"), (r(1, 13), r(2, 20), dt()))]
     cases += [_case("", tag("definition"), n, T, d) for n, T, d in (
         (4, 32, ""), (3, r(5, 16), "float64"), (2, 9, "float32"), (8, 128, ""), (12, 20, "float64"),
-        (16, 40, "float32"), (1, 16, "float64"), (5, 33, ""), (r(9, 17), r(16, 48), "float64"), (r(1, 8), r(2, 24), dt()))]
+        (16, 40, "float32"), (1, 16, "float64"), (5, 33, ""), (r(9, 17), r(16, 48), "float64"),
+        (r(1, 8), r(2, 24), dt()))]
     for n, T, d in ((4, r(4, 12), ""), (r(3, 9), r(4, 12), "float64")):
         longer = T + r(1, 20)
         cases.append(_case(f"for n_heads={n}, T={T} and T={longer}" + (f", dtype={d}" if d else ""), tag("definition"),

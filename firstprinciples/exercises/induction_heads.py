@@ -98,7 +98,8 @@ def structure(case, out, want):
         return (f"the score has shape {got.shape} but should have shape {lead}: one score per leading index (per "
                 f"layer and head).{hint} Index the last two dimensions with weights[..., rows, columns].")
     if got.dtype != weights.dtype:
-        return f"the score has dtype torch.{got.dtype.name} but should keep the weights' dtype torch.{weights.dtype.name}."
+        return (f"the score has dtype torch.{got.dtype.name} but should keep the weights' dtype "
+                f"torch.{weights.dtype.name}.")
     return None
 
 
@@ -134,7 +135,7 @@ def another_period(case, out, want):
         q = np.arange(other, T)
         theirs = weights[..., q, q - other + 1].astype(np.float64).mean(-1)
         if other != period and close(got, theirs) and not close(want["score"], theirs):
-            return (f"your scores are those of period={other}: use the period argument, not a fixed number.")
+            return f"your scores are those of period={other}: use the period argument, not a fixed number."
     return None
 
 
@@ -201,7 +202,8 @@ def secret(rng: np.random.Generator) -> list:
     cases += [_case("worked", causal_weights(rng, (), 6, dt), 3) for dt in ("float32", "float64")]
     cases += [_case("shapes", causal_weights(rng, lead, 2 * p, dt), p) for lead, p, dt in (
         ((), 4, "float32"), ((3,), 5, "float32"), ((2, 2), 3, "float32"), ((1, 2, 3), r(4, 9), "float32"),
-        ((2, 1, 1, 2), 4, "float64"), ((5,), 2, "float64"), ((2, 3), r(10, 17), "float32"), ((r(1, 5), 2), r(3, 7), "float64"))]
+        ((2, 1, 1, 2), 4, "float64"), ((5,), 2, "float64"), ((2, 3), r(10, 17), "float32"),
+        ((r(1, 5), 2), r(3, 7), "float64"))]
     cases += [_case("random", causal_weights(rng, lead, 2 * p, dt), p) for lead, p, dt in (
         ((2, 3), 5, "float32"), ((), r(6, 11), "float64"), ((4,), 1, "float32"), ((2,), 2, "float64"),
         ((2, 2), r(12, 21), "float32"), ((1, 3), 24, "float64"), ((3, 1, 2), r(4, 9), "float32"),

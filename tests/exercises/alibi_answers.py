@@ -108,7 +108,8 @@ def heads_last_then_permuted(n_heads, T, dtype=torch.float32):
     return table.permute(2, 0, 1).contiguous() + 0.0  # (n_heads, T, T); + 0.0: no -0.0
 
 
-CORRECT = {"reference": correct, "loops over heads and queries": row_loops, "broadcast in dtype": broadcast_in_dtype, "outer + tril": outer_tril,
+CORRECT = {"reference": correct, "loops over heads and queries": row_loops, "broadcast in dtype": broadcast_in_dtype,
+           "outer + tril": outer_tril,
            "float32 then cast": float32_then_cast, "logspace slopes": logspace_slopes,
            "exp-log slopes": exp_log_slopes, "cumsum distances": cumsum_distances,
            "slopes by cumprod": slopes_by_cumprod, "heads last, then permuted": heads_last_then_permuted}
