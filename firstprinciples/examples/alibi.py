@@ -1,5 +1,6 @@
 """The ALiBi paper's slopes, which the chapter "Positions past the training length" sets
-beside the course's rule, and which ``checks.alibi`` names when an answer uses them."""
+beside the course's rule, and which the exercise's declaration
+(``exercises.alibi``) names when an answer uses them."""
 from __future__ import annotations
 
 import math

@@ -54,7 +54,7 @@ from ... import exercises
 from .. import wire
 
 MODULES = ("attention", "qkv", "position", "multihead", "block", "kv_cache", "encoder_decoder", "capstone",
-           "sampling", "tiled", "alibi", "induction", "modern_block")
+           "sampling", "tiled", "modern_block")
 
 REGISTRY: dict[str, "Probe"] = {}
 
