@@ -83,9 +83,9 @@ ATTACKS = [
         probes.REGISTRY["causal_mask"] = dataclasses.replace(probes.load()["causal_mask"], run=_right)
         object.__setattr__(probes.REGISTRY["causal_mask"], "run", _right)
 
-        def causal_mask(T):  # (right shape and dtype: 1 point of 8, as any zeros mask)
+        def causal_mask(T):  # (right shape and dtype: a point, as any zeros mask, where this cell could run)
             return torch.zeros(T, T)
-     ''')}, "extra": [], "score": 1, "reason": "above the diagonal (the future) but should be -inf", "flag": "internals"},
+     ''')}, "extra": [], "score": 0, "reason": REFUSED, "flag": "internals"},
     {"id": "atk_volatile_then_report", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX + _c('''
         import torch
         from firstprinciples.grading import observe, runtime
