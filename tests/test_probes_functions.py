@@ -1,13 +1,13 @@
 """The trusted re-check of the plain-function pieces agrees with their checks.
 
-project_qkv and dot_product_scores, rnn_forward, causal_mask, sinusoidal_encoding
-and apply_rope, cross_attention: for every correct answer and every variant of
-their check tables (tests/test_checks_*.py), the test cells that the trusted
+rnn_forward, causal_mask, sinusoidal_encoding and apply_rope, cross_attention:
+for every correct answer and every variant of their check tables (tests/test_checks_*.py), the test cells that the trusted
 re-check fails are exactly those whose checks the variant fails.
 
 The one deliberate difference, for each piece that has it: an answer that types
 in the worked example's result. The checks grant it the worked-example test;
 the re-check draws fresh inputs of the same sizes, so it earns nothing there.
+(qkv is declared: tests/exercises/test_declarations.py runs it through both runners.)
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from probetable import agreement_test
 import test_checks_causal_mask as CM
 import test_checks_encoder_decoder as ED
 import test_checks_position as P
-import test_checks_qkv as Q
 import test_checks_rnn as R
 from course import as_student_code
 from firstprinciples import reference
@@ -31,27 +30,6 @@ def _everywhere(cells: dict, why: str) -> tuple:
 
 
 HARD_CODED = "fresh inputs of the worked example's sizes: a typed-in result earns nothing there either"
-
-
-# ---------------------------------------------------------------- qkv
-PROJECT_CELLS = {
-    "test_project_worked_example": {"worked"}, "test_project_shapes": {"shapes"},
-    "test_project_random": {"random"}, "test_project_gradients_and_inputs": {"grads"},
-}
-SCORES_CELLS = {
-    "test_scores_worked_example": {"worked"}, "test_scores_batched": {"batched"},
-    "test_scores_random": {"random"}, "test_scores_gradients_and_inputs": {"grads"},
-}
-QKV = "qkv/queries_keys_values.ipynb"
-
-test_project_qkv_agrees = agreement_test(
-    QKV, "project_qkv", PROJECT_CELLS, Q.CORRECT["project_qkv"], _piece(Q.VARIANTS, "project_qkv"),
-    {"dot_product_scores": Q.scores_correct},
-    differences={"hard-coded worked example": _everywhere(PROJECT_CELLS, HARD_CODED)})
-test_dot_product_scores_agrees = agreement_test(
-    QKV, "dot_product_scores", SCORES_CELLS, Q.CORRECT["dot_product_scores"], _piece(Q.VARIANTS, "dot_product_scores"),
-    {"project_qkv": Q.project_correct},
-    differences={"hard-coded worked example": _everywhere(SCORES_CELLS, HARD_CODED)})
 
 
 # ---------------------------------------------------------------- rnn
@@ -136,7 +114,6 @@ from firstprinciples.checks import causal_mask as CM_checks  # noqa: E402
 from firstprinciples.checks import encoder_decoder as ED_checks  # noqa: E402
 from firstprinciples.checks import multihead as M_checks  # noqa: E402
 from firstprinciples.checks import position as P_checks  # noqa: E402
-from firstprinciples.checks import qkv as Q_checks  # noqa: E402
 from firstprinciples.checks import rnn as R_checks  # noqa: E402
 from probetable import trusted_failures  # noqa: E402
 
@@ -209,13 +186,6 @@ AUDIT = {
     "rnn gradients": (
         "rnn/rnn_forward.ipynb", "rnn_forward", _doubled(R.einsum_and_unbind), {},
         ("test_gradients_and_inputs", _cell(R_checks.check_gradients_and_inputs)), "test_random_against_torch"),
-    "project_qkv gradients": (
-        QKV, "project_qkv", _doubled(Q.project_with_einsum), {"dot_product_scores": Q.scores_correct},
-        ("test_project_gradients_and_inputs", _cell(Q_checks.check_projection_gradients_and_inputs)),
-        "test_project_random"),
-    "dot_product_scores gradients": (
-        QKV, "dot_product_scores", _doubled(Q.scores_with_einsum), {"project_qkv": Q.project_correct},
-        ("test_scores_gradients_and_inputs", _cell(Q_checks.check_scores_gradients_and_inputs)), "test_scores_random"),
     "rope relative position": (
         POSITION, "apply_rope", lambda x, base=10000.0: P.rope_complex(x, base=500.0),
         {"sinusoidal_encoding": P.correct_table},

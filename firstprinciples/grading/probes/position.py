@@ -20,7 +20,7 @@ import numpy as np
 from ...checks import position as position_checks
 from ...reference import apply_rope, sinusoidal_encoding
 from . import Probe, arrays, aspect, call_runner, honest_gradients, normal, register
-from .qkv import grad_case, runner
+from ...exercises.adapters import grad_case, runner
 
 
 # ---------------------------------------------------------------- sinusoidal_encoding

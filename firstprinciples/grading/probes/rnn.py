@@ -12,7 +12,7 @@ import numpy as np
 from ...checks import rnn as rnn_checks
 from ...reference import rnn_forward
 from . import Probe, arrays, aspect, honest_gradients, normal, register
-from .qkv import grad_case, runner
+from ...exercises.adapters import grad_case, runner
 
 NAMES = ("x", "h0", "W_xh", "W_hh", "b")
 
