@@ -1,13 +1,14 @@
 """The trusted re-check of the plain-function pieces agrees with their checks.
 
-rnn_forward, causal_mask, sinusoidal_encoding and apply_rope, cross_attention:
-for every correct answer and every variant of their check tables (tests/test_checks_*.py), the test cells that the trusted
+rnn_forward, causal_mask, cross_attention: for every correct answer and every
+variant of their check tables (tests/test_checks_*.py), the test cells that the trusted
 re-check fails are exactly those whose checks the variant fails.
 
 The one deliberate difference, for each piece that has it: an answer that types
 in the worked example's result. The checks grant it the worked-example test;
 the re-check draws fresh inputs of the same sizes, so it earns nothing there.
-(qkv is declared: tests/exercises/test_declarations.py runs it through both runners.)
+(qkv and positional_encoding are declared: tests/exercises/test_declarations.py runs them through both
+runners.)
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from probetable import agreement_test
 
 import test_checks_causal_mask as CM
 import test_checks_encoder_decoder as ED
-import test_checks_position as P
 import test_checks_rnn as R
 from course import as_student_code
 from firstprinciples import reference
@@ -48,33 +48,6 @@ test_causal_mask_agrees = agreement_test(
     "causal_mask/causal_mask.ipynb", "causal_mask", MASK_CELLS, CM.CORRECT, CM.VARIANTS, {},
     differences={"always the 4 x 4 mask": _everywhere(MASK_CELLS, "the seed test is re-checked on another small T too: "
                                                       "a typed-in 4 x 4 matrix earns nothing there either")})
-
-
-# ---------------------------------------------------------------- positional encodings
-def _lazy(factory):
-    """A correct answer built on first use (the seed's table skips its test where the seeds are missing)."""
-    made = []
-
-    def answer(*args, **kwargs):
-        if not made:
-            made.append(factory())
-        return made[0](*args, **kwargs)
-
-    return answer
-
-
-POSITION = "positional_encoding/positional_encoding.ipynb"
-TABLE_CELLS = {"test_sinusoidal_example": {"example"}, "test_sinusoidal_tables": {"tables"}}
-ROPE_CELLS = {
-    "test_rope_example": {"example"}, "test_rope_shapes": {"shapes"}, "test_rope_base": {"base"},
-    "test_rope_relative_position": {"relative"}, "test_rope_gradients_and_inputs": {"grads"},
-}
-test_sinusoidal_encoding_agrees = agreement_test(
-    POSITION, "sinusoidal_encoding", TABLE_CELLS, {name: _lazy(f) for name, f in P.TABLE_CORRECT.items()},
-    P.TABLE_VARIANTS, {"apply_rope": P.correct_rope},
-    differences={"hard-coded worked example": _everywhere(TABLE_CELLS, HARD_CODED)})
-test_apply_rope_agrees = agreement_test(
-    POSITION, "apply_rope", ROPE_CELLS, P.ROPE_CORRECT, P.ROPE_VARIANTS, {"sinusoidal_encoding": P.correct_table})
 
 
 # ---------------------------------------------------------------- cross_attention
@@ -113,7 +86,6 @@ from firstprinciples.checks import capstone as Cap_checks  # noqa: E402
 from firstprinciples.checks import causal_mask as CM_checks  # noqa: E402
 from firstprinciples.checks import encoder_decoder as ED_checks  # noqa: E402
 from firstprinciples.checks import multihead as M_checks  # noqa: E402
-from firstprinciples.checks import position as P_checks  # noqa: E402
 from firstprinciples.checks import rnn as R_checks  # noqa: E402
 from probetable import trusted_failures  # noqa: E402
 
@@ -186,13 +158,6 @@ AUDIT = {
     "rnn gradients": (
         "rnn/rnn_forward.ipynb", "rnn_forward", _doubled(R.einsum_and_unbind), {},
         ("test_gradients_and_inputs", _cell(R_checks.check_gradients_and_inputs)), "test_random_against_torch"),
-    "rope relative position": (
-        POSITION, "apply_rope", lambda x, base=10000.0: P.rope_complex(x, base=500.0),
-        {"sinusoidal_encoding": P.correct_table},
-        ("test_rope_relative_position", _cell(P_checks.check_rope_relative_position)), "test_rope_shapes"),
-    "rope gradients": (
-        POSITION, "apply_rope", _doubled(P.rope_complex), {"sinusoidal_encoding": P.correct_table},
-        ("test_rope_gradients_and_inputs", _cell(P_checks.check_rope_gradients_and_inputs)), "test_rope_shapes"),
     "causal_mask shapes and dtype": (
         "causal_mask/causal_mask.ipynb", "causal_mask", lambda T: torch.zeros(T, T), {},
         ("test_shapes_and_dtype", _cell(CM_checks.check_shapes_and_dtype)), "test_values"),

@@ -53,7 +53,7 @@ import numpy as np
 from ... import exercises
 from .. import wire
 
-MODULES = ("attention", "rnn", "causal_mask", "position", "multihead", "block", "kv_cache", "encoder_decoder", "capstone",
+MODULES = ("attention", "rnn", "causal_mask", "multihead", "block", "kv_cache", "encoder_decoder", "capstone",
            "sampling", "tiled", "alibi", "induction", "modern_block")
 
 REGISTRY: dict[str, "Probe"] = {}
