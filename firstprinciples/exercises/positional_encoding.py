@@ -308,8 +308,8 @@ def worked_rotations(case, out, want):
     if "printed" not in case["tags"]:
         return None
     x, got = case["x"], out.get("output")
-    if got is None or got.shape != x.shape:
-        return None  # (the comparison names the shape)
+    if got is None or got.shape != x.shape or got.dtype != np.float64:
+        return None  # (the comparison names the shape or the dtype)
     if x.shape[-1] == 2:
         for p, token in enumerate(examples.TOKENS):
             a, b = (float(v) for v in x[p])

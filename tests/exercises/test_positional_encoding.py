@@ -58,6 +58,7 @@ def message(grade_id: str, answer) -> str:
     # gradients, types, inputs
     ("test_rope_gradients_and_inputs", A.rope_detached, ["does not require grad", ".detach()"]),
     ("test_rope_shapes", A.rope_in_place, ["modified its input x in place"]),
+    ("test_rope_example", A.rope_float32, ["dtype float32", "float64"]),
     ("test_rope_base", A.rope_no_base_argument, ["unexpected keyword argument 'base'", "apply_rope(x, base=10000.0)"]),
 ])
 def test_the_message_says_what_is_wrong(grade_id, answer, phrases):

@@ -52,6 +52,8 @@ def message(grade_id: str, answer) -> str:
     ("test_project_shapes", A.project_q_only, ["expected a tuple (Q, K, V)"]),
     ("test_project_shapes", A.project_numpy, ["NumPy array", "torch.Tensor"]),
     ("test_scores_batched", A.scores_casts, ["dtype float32", "float64"]),
+    ("test_project_worked_example", A.project_casts, ["dtype float32", "float64"]),
+    ("test_scores_worked_example", A.scores_casts, ["dtype float32", "float64"]),
     ("test_scores_batched", A.scores_in_place, ["modified its input K in place"]),
     ("test_project_random", A.project_in_place, ["modified its input x in place"]),
 ])
