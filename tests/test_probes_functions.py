@@ -1,82 +1,18 @@
-"""The trusted re-check of the plain-function pieces agrees with their checks.
+"""The trusted re-check of the plain-function pieces not yet declared agrees with their checks.
 
-project_qkv and dot_product_scores, sinusoidal_encoding and apply_rope,
-cross_attention: for every correct answer and every variant of their check
-tables (tests/test_checks_*.py), the test cells that the trusted re-check fails
-are exactly those whose checks the variant fails.
+cross_attention: for every correct answer and every variant of its check table
+(tests/test_checks_*.py), the test cells that the trusted re-check fails are exactly
+those whose checks the variant fails.
 
-The one deliberate difference, for each piece that has it: an answer that types
-in the worked example's result. The checks grant it the worked-example test;
-the re-check draws fresh inputs of the same sizes, so it earns nothing there.
+(The declared pieces, tests/exercises/test_declarations.py runs through both runners.)
 """
 from __future__ import annotations
 
 from probetable import agreement_test
 
 import test_checks_encoder_decoder as ED
-import test_checks_position as P
-import test_checks_qkv as Q
 from course import as_student_code
 from firstprinciples import reference
-
-
-def _piece(variants: dict, piece: str) -> dict:
-    return {name: entry for (p, name), entry in variants.items() if p == piece}
-
-
-def _everywhere(cells: dict, why: str) -> tuple:
-    return set(cells), why
-
-
-HARD_CODED = "fresh inputs of the worked example's sizes: a typed-in result earns nothing there either"
-
-
-# ---------------------------------------------------------------- qkv
-PROJECT_CELLS = {
-    "test_project_worked_example": {"worked"}, "test_project_shapes": {"shapes"},
-    "test_project_random": {"random"}, "test_project_gradients_and_inputs": {"grads"},
-}
-SCORES_CELLS = {
-    "test_scores_worked_example": {"worked"}, "test_scores_batched": {"batched"},
-    "test_scores_random": {"random"}, "test_scores_gradients_and_inputs": {"grads"},
-}
-QKV = "qkv/queries_keys_values.ipynb"
-
-test_project_qkv_agrees = agreement_test(
-    QKV, "project_qkv", PROJECT_CELLS, Q.CORRECT["project_qkv"], _piece(Q.VARIANTS, "project_qkv"),
-    {"dot_product_scores": Q.scores_correct},
-    differences={"hard-coded worked example": _everywhere(PROJECT_CELLS, HARD_CODED)})
-test_dot_product_scores_agrees = agreement_test(
-    QKV, "dot_product_scores", SCORES_CELLS, Q.CORRECT["dot_product_scores"], _piece(Q.VARIANTS, "dot_product_scores"),
-    {"project_qkv": Q.project_correct},
-    differences={"hard-coded worked example": _everywhere(SCORES_CELLS, HARD_CODED)})
-
-
-# ---------------------------------------------------------------- positional encodings
-def _lazy(factory):
-    """A correct answer built on first use (the seed's table skips its test where the seeds are missing)."""
-    made = []
-
-    def answer(*args, **kwargs):
-        if not made:
-            made.append(factory())
-        return made[0](*args, **kwargs)
-
-    return answer
-
-
-POSITION = "positional_encoding/positional_encoding.ipynb"
-TABLE_CELLS = {"test_sinusoidal_example": {"example"}, "test_sinusoidal_tables": {"tables"}}
-ROPE_CELLS = {
-    "test_rope_example": {"example"}, "test_rope_shapes": {"shapes"}, "test_rope_base": {"base"},
-    "test_rope_relative_position": {"relative"}, "test_rope_gradients_and_inputs": {"grads"},
-}
-test_sinusoidal_encoding_agrees = agreement_test(
-    POSITION, "sinusoidal_encoding", TABLE_CELLS, {name: _lazy(f) for name, f in P.TABLE_CORRECT.items()},
-    P.TABLE_VARIANTS, {"apply_rope": P.correct_rope},
-    differences={"hard-coded worked example": _everywhere(TABLE_CELLS, HARD_CODED)})
-test_apply_rope_agrees = agreement_test(
-    POSITION, "apply_rope", ROPE_CELLS, P.ROPE_CORRECT, P.ROPE_VARIANTS, {"sinusoidal_encoding": P.correct_table})
 
 
 # ---------------------------------------------------------------- cross_attention
@@ -114,8 +50,6 @@ from firstprinciples.checks import block as Bk_checks  # noqa: E402
 from firstprinciples.checks import capstone as Cap_checks  # noqa: E402
 from firstprinciples.checks import encoder_decoder as ED_checks  # noqa: E402
 from firstprinciples.checks import multihead as M_checks  # noqa: E402
-from firstprinciples.checks import position as P_checks  # noqa: E402
-from firstprinciples.checks import qkv as Q_checks  # noqa: E402
 from probetable import trusted_failures  # noqa: E402
 
 
@@ -173,20 +107,6 @@ AUDIT = {
         "attention/scaled_dot_product_attention.ipynb", "scaled_dot_product_attention",
         lambda Q_, K, V, mask=None: _plain_attention(Q_, K, V, mask, doubled=True), {},
         ("test_gradients_and_inputs", _cell(A_checks.check_gradients_and_inputs)), "test_random_against_torch"),
-    "project_qkv gradients": (
-        QKV, "project_qkv", _doubled(Q.project_with_einsum), {"dot_product_scores": Q.scores_correct},
-        ("test_project_gradients_and_inputs", _cell(Q_checks.check_projection_gradients_and_inputs)),
-        "test_project_random"),
-    "dot_product_scores gradients": (
-        QKV, "dot_product_scores", _doubled(Q.scores_with_einsum), {"project_qkv": Q.project_correct},
-        ("test_scores_gradients_and_inputs", _cell(Q_checks.check_scores_gradients_and_inputs)), "test_scores_random"),
-    "rope relative position": (
-        POSITION, "apply_rope", lambda x, base=10000.0: P.rope_complex(x, base=500.0),
-        {"sinusoidal_encoding": P.correct_table},
-        ("test_rope_relative_position", _cell(P_checks.check_rope_relative_position)), "test_rope_shapes"),
-    "rope gradients": (
-        POSITION, "apply_rope", _doubled(P.rope_complex), {"sinusoidal_encoding": P.correct_table},
-        ("test_rope_gradients_and_inputs", _cell(P_checks.check_rope_gradients_and_inputs)), "test_rope_shapes"),
     "cross_attention shapes": (
         "encoder_decoder/encoder_decoder.ipynb", "cross_attention",
         lambda x, c, W_q, W_k, W_v, mask=None: _sharp_attention(x @ W_q, c @ W_k, c @ W_v, mask),

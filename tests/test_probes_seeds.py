@@ -51,26 +51,32 @@ def _correct_answers():
     import importlib
 
     import test_checks_attention as A
-    from course import SOLUTIONS
+    from course import SOLUTIONS, as_student_code
     from firstprinciples import exercises
 
     out = []
-    for assignment in exercises.NAMES:  # (the declared exercises' unusual correct answers)
-        exercise, table = exercises.load(assignment), importlib.import_module(f"exercises.{assignment}_answers")
-        (notebook,) = (SOLUTIONS / assignment).glob("*.ipynb")  # (rnn's is rnn_forward.ipynb)
-        out += [(str(notebook.relative_to(SOLUTIONS)), exercise.piece, name, fn) for name, fn in table.CORRECT.items()]
-    out += [("attention/scaled_dot_product_attention.ipynb", "scaled_dot_product_attention", name, fn)
+    for assignment in exercises.NAMES:  # (the declared exercises' unusual correct answers, per piece)
+        table = importlib.import_module(f"exercises.{assignment}_answers")
+        (notebook,) = (p.relative_to(SOLUTIONS).as_posix() for p in sorted((SOLUTIONS / assignment).glob("*.ipynb")))
+        pieces = exercises.pieces(assignment)
+        for exercise in pieces:
+            correct = table.CORRECT.get(exercise.piece, {}) if hasattr(table, "PIECES") else table.CORRECT
+            # (the notebook's other pieces: the course's, written as a student would)
+            others = {o.piece: as_student_code(o.reference_piece()) for o in pieces if o is not exercise}
+            out += [(notebook, exercise.piece, name, fn, others) for name, fn in correct.items()]
+    out += [("attention/scaled_dot_product_attention.ipynb", "scaled_dot_product_attention", name, fn, {})
             for name, fn in A.CORRECT.items()]
     return out
 
 
-@pytest.mark.parametrize("notebook, piece, name, answer", _correct_answers(), ids=lambda v: v if isinstance(v, str) else "")
-def test_correct_answers_pass_on_every_seed(notebook, piece, name, answer):
+@pytest.mark.parametrize("notebook, piece, name, answer, others", _correct_answers(),
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_correct_answers_pass_on_every_seed(notebook, piece, name, answer, others):
     from course import SOLUTIONS
 
     nb = nbformat.read(SOLUTIONS / notebook, as_version=4)
     failures = {}
     for seed in SEEDS:
-        verdicts = trusted.local_verdicts(nb, {piece: answer}, seed)
+        verdicts = trusted.local_verdicts(nb, {**others, piece: answer}, seed)
         failures.update({(seed, cell): why for cell, why in verdicts.items() if why})
     assert not failures, f"{name}: " + "\n".join(f"seed {s}, {cell}: {why}" for (s, cell), why in sorted(failures.items())[:5])

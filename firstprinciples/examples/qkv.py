@@ -1,5 +1,5 @@
 """The worked example of the chapter "Queries, keys and values" and of its exercise
-``project_qkv`` (checked in ``checks.qkv``).
+``project_qkv`` (its tests are declared in ``exercises.qkv``).
 
 Three tokens with 3-number embeddings. The weights were chosen so that the
 projections give exactly the queries, keys and values of the attention

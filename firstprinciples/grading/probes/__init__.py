@@ -53,8 +53,8 @@ import numpy as np
 from ... import exercises
 from .. import wire
 
-MODULES = ("attention", "qkv", "position", "multihead", "block", "kv_cache", "encoder_decoder", "capstone",
-           "sampling", "tiled", "modern_block")
+MODULES = ("attention", "multihead", "block", "kv_cache", "encoder_decoder", "capstone", "sampling", "tiled",
+           "modern_block")
 
 REGISTRY: dict[str, "Probe"] = {}
 

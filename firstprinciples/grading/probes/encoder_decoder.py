@@ -21,7 +21,7 @@ from ...checks import encoder_decoder as checks
 from ...reference import cross_attention
 from . import Probe, arrays, aspect, honest_gradients, normal, register
 from .attention import rows_are_distributions
-from .qkv import grad_case, runner
+from ...exercises.adapters import grad_case, runner
 
 NAMES = ("x", "context", "W_q", "W_k", "W_v")
 
