@@ -40,6 +40,19 @@ NAMES = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)
                      if m.name not in NOT_DECLARATIONS and not m.name.startswith("_")))
 
 
+# The comparison's default (atol, rtol) by dtype (``grading.compare``). float32 keeps about 7
+# significant digits: a correct answer may order its sums differently from the reference (a d_k-term
+# dot product, a T-term softmax sum), which moves results by a few units of 1e-7 relative; 1e-5 / 1e-4
+# leaves room for any correct order, while every named mistake of the course moves values by more
+# than 1e-3. float64 keeps about 16 digits, so 1e-10 / 1e-8 is as generous there. float16 keeps about 3.
+TOLERANCE = {"float32": (1e-5, 1e-4), "float64": (1e-10, 1e-8), "float16": (1e-2, 1e-2)}
+
+
+def tolerance(dtype: str, override: dict | None = None) -> tuple:
+    """(atol, rtol) for a dtype name: ``override``'s, else the default table's, else float32's."""
+    return (override or {}).get(dtype) or TOLERANCE.get(dtype, TOLERANCE["float32"])
+
+
 @dataclass(frozen=True)
 class Test:
     """One graded test cell: its points, the cases it runs (those whose tags share one of

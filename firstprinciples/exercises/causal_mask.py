@@ -277,7 +277,7 @@ def no_peeking(case, out, want):
     """Replacing the tokens after position t leaves the outputs at positions 0..t unchanged, for every t.
     With -inf above the diagonal they do not move at all; the tolerance (the dtype's atol) only absorbs
     rounding, while a future that leaks moves them by about 0.1."""
-    from ..grading.compare import tolerance
+    from . import tolerance
 
     got, changed, weights = out.get("output"), out.get("outputs with the future changed"), out.get("weights")
     if got is None or changed is None or changed.shape != (got.shape[1] - 1, *got.shape):

@@ -19,19 +19,8 @@ import math
 
 import numpy as np
 
+from ..exercises import TOLERANCE, tolerance  # noqa: F401 (the defaults: data, with the declarations)
 from . import wire
-
-# (atol, rtol) by dtype. float32 keeps about 7 significant digits: a correct answer may order its
-# sums differently from the reference (a d_k-term dot product, a T-term softmax sum), which moves
-# results by a few units of 1e-7 relative; 1e-5 / 1e-4 leaves room for any correct order, while
-# every named mistake of the course moves values by more than 1e-3. float64 keeps about 16 digits,
-# so 1e-10 / 1e-8 is as generous there. float16 keeps about 3.
-TOLERANCE = {"float32": (1e-5, 1e-4), "float64": (1e-10, 1e-8), "float16": (1e-2, 1e-2)}
-
-
-def tolerance(dtype: str, override: dict | None = None) -> tuple[float, float]:
-    """(atol, rtol) for a dtype name: ``override``'s, else the default table's, else float32's."""
-    return (override or {}).get(dtype) or TOLERANCE.get(dtype, TOLERANCE["float32"])
 
 
 def _short(t: str) -> str:

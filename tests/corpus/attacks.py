@@ -445,5 +445,5 @@ ATTACKS = [
 
         def sinusoidal_encoding(max_len, d_model):
             return importlib.import_module("firstprinciples.reference").sinusoidal_encoding(max_len, d_model)
-     ''')}, "extra": [], "score": None, "reason": "course's reference"},
+     ''')}, "extra": [], "score": None, "reason": "ImportError"},  # (a declared piece's runner refuses the import)
 ]
