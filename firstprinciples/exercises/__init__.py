@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 # Modules of this package that are not declarations.
-NOT_DECLARATIONS = ("adapters",)
+NOT_DECLARATIONS = ("adapters", "expected")
 # The assignments declared here, found, not registered: every other module of this package is one
 # (the other assignments are still graded by checks/ and grading/probes/). tests/exercises/
 # test_declarations.py checks that each is named exactly as its folder in solutions/.

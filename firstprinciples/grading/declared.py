@@ -112,9 +112,17 @@ def run_test(exercise, grade_id: str, piece) -> None:
     from ..guard import ForbiddenCall, call_without
     from ..checks._student import describe
 
+    from ..exercises import expected
+
     test = exercise.tests[grade_id]  # (a KeyError names the test that is not there)
-    reference = exercise.reference_piece()
-    for case in exercise.cases(grade_id):
+    cases = exercise.cases(grade_id)
+    # the reference's results, stored as data (the kernel needs no implementation of the piece); where
+    # none are stored (a declaration being written), computed here with the reference
+    stored = ((expected.stored(exercise.name) or {}).get(exercise.piece) or {}).get(grade_id)
+    if not isinstance(stored, list) or len(stored) != len(cases):
+        reference = exercise.reference_piece()
+        stored = [{k: wire.encode(v) for k, v in exercise.adapter(reference, tensors(case)).items()} for case in cases]
+    for case, want in zip(cases, stored):
         try:
             out = call_without(exercise.adapter, (piece, tensors(case)), **exercise.forbidden)
         except ForbiddenCall:
@@ -126,7 +134,6 @@ def run_test(exercise, grade_id: str, piece) -> None:
             extra = "".join(f" {hint}" for pattern, hint in exercise.hints if pattern in text)
             raise AssertionError(f"{exercise.call} {case['label']} {describe(err)}{extra}") from None
         got = {k: wire.encode(v) for k, v in out.items()}
-        want = {k: wire.encode(v) for k, v in exercise.adapter(reference, tensors(case)).items()}
         reason = judge(exercise, test, case, got, want, show=True)
         if reason:
             raise AssertionError(reason + named(diagnose(exercise, case, got, want), said=reason))

@@ -8,7 +8,18 @@
   (``python -m firstprinciples.induction.train`` rewrites ``weights.pt``).
 """
 from .data import PERIOD, repeated_tokens, training_batch, worked_example
-from .model import AttentionOnly, load_checkpoint, load_trained
+
+_MODEL = ("AttentionOnly", "load_checkpoint", "load_trained")
+
+
+def __getattr__(name):
+    """The model's names, imported at their first use: the data alone (what the induction_heads
+    exercise's tests read) needs no course implementation, the model is built on the reference's."""
+    if name in _MODEL:
+        from . import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["PERIOD", "AttentionOnly", "load_checkpoint", "load_trained", "repeated_tokens", "training_batch",
            "worked_example"]

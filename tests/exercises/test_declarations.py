@@ -153,3 +153,68 @@ def test_every_test_rejects_enough_wrong_answers(exercise):
         rejected = [m.label for m in exercise.mistakes if gid in m.fails | m.hidden]
         rejected += [label for label, (_, k, r) in wrong.items() if gid in set(k) | set(r)]
         assert len(rejected) >= MIN_REJECTIONS, f"{gid} rejects only {rejected}"
+
+
+@pytest.mark.parametrize("name", exercises.NAMES)
+def test_the_stored_expected_results_are_the_references(name):
+    """The notebook's checks compare with stored results (``exercises.expected``): they are the
+    reference's today, within the comparison's tolerance (another CPU may round a float32 sum
+    otherwise), case by case."""
+    from firstprinciples.exercises import expected
+    from firstprinciples.grading import compare
+
+    stored = expected.stored(name)
+    assert stored is not None, f"no stored results: python -m firstprinciples.exercises.expected {name}"
+    now = expected.compute(name)
+    assert sorted(stored) == sorted(now), "regenerate: python -m firstprinciples.exercises.expected"
+    for piece, tests in now.items():
+        assert sorted(stored[piece]) == sorted(tests), piece
+        for gid, cases in tests.items():
+            assert len(stored[piece][gid]) == len(cases), (piece, gid)
+            for i, (old, new) in enumerate(zip(stored[piece][gid], cases)):
+                assert sorted(old) == sorted(new), (piece, gid, i)
+                for key in new:
+                    why = compare.compare(key, old[key], new[key])
+                    assert why is None, f"{piece} {gid} case {i}: {why} (python -m firstprinciples.exercises.expected)"
+
+
+NO_REFERENCE = r'''
+import importlib, importlib.abc, sys
+import firstprinciples
+name = sys.argv[1]
+table = importlib.import_module(f"exercises.{name}_answers")  # (its answers are made with the reference: first)
+for module in [m for m in sys.modules if m.startswith("firstprinciples.reference")]:
+    del sys.modules[module]
+if hasattr(firstprinciples, "reference"):
+    del firstprinciples.reference
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, module, path=None, target=None):
+        if module.startswith("firstprinciples.reference"):
+            raise ImportError("no reference here")
+sys.meta_path.insert(0, Refuse())
+from firstprinciples import exercises
+from firstprinciples.grading.declared import check_for
+for exercise in exercises.pieces(name):
+    correct = table.CORRECT.get(exercise.piece, {}) if hasattr(table, "PIECES") else table.CORRECT
+    for gid in exercise.tests:
+        for answer in correct.values():
+            check_for(name)(gid, answer)
+assert "firstprinciples.reference" not in sys.modules
+print("passed without the reference")
+'''
+
+
+@pytest.mark.parametrize("name", exercises.NAMES)
+def test_the_notebooks_checks_need_no_reference(name, tmp_path):
+    """What a student's kernel runs for a declared exercise (``check``) passes the correct answers in
+    a process where the course's reference cannot be imported: the expected results are data."""
+    import os
+    import subprocess
+    import sys
+
+    from course import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+    out = subprocess.run([sys.executable, "-c", NO_REFERENCE, name], capture_output=True, text=True, timeout=300,
+                         env=env, cwd=tmp_path)
+    assert out.returncode == 0 and "passed without the reference" in out.stdout, out.stderr[-3000:]
