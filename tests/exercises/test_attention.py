@@ -155,3 +155,17 @@ def test_the_recap_fails_wrong_answers_and_says_why(answer, phrases):
     text = str(failure(recap.check_batched_worked_example, answer))
     for phrase in phrases:
         assert phrase in text, f"{phrase!r} not in:\n{text}"
+
+
+def test_the_later_notebooks_recap_is_re_checked():
+    """multi_head_attention's recap cell is re-checked on the declaration's secret cases: a correct
+    attention passes it, one without the scaling fails it (with the course's multi-head attention)."""
+    from course import SOLUTIONS
+    from test_probes_seeds import solution_namespace
+
+    from firstprinciples.grading import trusted
+
+    nb, namespace = solution_namespace(SOLUTIONS / "multi_head_attention" / "multi_head_attention.ipynb")
+    for answer, fails in ((A.online_softmax_over_keys, False), (MISTAKES["no scaling"], True)):
+        verdicts = trusted.local_verdicts(nb, {**namespace, "scaled_dot_product_attention": answer}, 0)
+        assert bool(verdicts["test_scaled_dot_product_attention"]) == fails, verdicts
