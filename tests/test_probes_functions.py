@@ -33,8 +33,7 @@ test_cross_attention_agrees = agreement_test(
 # (gradcheck; the gradient cells that compare with the reference or torch, softmax's, the KV cache's and
 # the KV step's, are compared in "values" mode). So an answer with the right structure and property but wrong
 # values keeps such a cell, in the kernel as in the re-check, and loses the cells that do compare values.
-# (The comment of attention's test_batched_shapes says "and values"; check_batched_shapes does not compare
-# them, by design: its docstring and the check table's "no scaling" passing "shapes" say so.)
+# (attention's, declared, are tested in tests/exercises/test_attention.py.)
 import math  # noqa: E402
 
 import pytest  # noqa: E402
@@ -45,7 +44,6 @@ import test_checks_block as Bk  # noqa: E402
 import test_checks_capstone as Cap  # noqa: E402
 import test_checks_multihead as M  # noqa: E402
 from checktable import outcome  # noqa: E402
-from firstprinciples.checks import attention as A_checks  # noqa: E402
 from firstprinciples.checks import block as Bk_checks  # noqa: E402
 from firstprinciples.checks import capstone as Cap_checks  # noqa: E402
 from firstprinciples.checks import encoder_decoder as ED_checks  # noqa: E402
@@ -100,13 +98,6 @@ def _cell(*checks):
 
 AUDIT = {
     # id: (notebook, piece, answer, base, (structure cell, its checks), a values cell it loses)
-    "attention batched shapes": (
-        "attention/scaled_dot_product_attention.ipynb", "scaled_dot_product_attention", _sharp_attention, {},
-        ("test_batched_shapes", _cell(A_checks.check_batched_shapes)), "test_random_against_torch"),
-    "attention gradients": (
-        "attention/scaled_dot_product_attention.ipynb", "scaled_dot_product_attention",
-        lambda Q_, K, V, mask=None: _plain_attention(Q_, K, V, mask, doubled=True), {},
-        ("test_gradients_and_inputs", _cell(A_checks.check_gradients_and_inputs)), "test_random_against_torch"),
     "cross_attention shapes": (
         "encoder_decoder/encoder_decoder.ipynb", "cross_attention",
         lambda x, c, W_q, W_k, W_v, mask=None: _sharp_attention(x @ W_q, c @ W_k, c @ W_v, mask),

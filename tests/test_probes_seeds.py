@@ -50,7 +50,6 @@ def test_the_solution_passes_on_every_seed(path):
 def _correct_answers():
     import importlib
 
-    import test_checks_attention as A
     from course import SOLUTIONS, as_student_code
     from firstprinciples import exercises
 
@@ -64,8 +63,6 @@ def _correct_answers():
             # (the notebook's other pieces: the course's, written as a student would)
             others = {o.piece: as_student_code(o.reference_piece()) for o in pieces if o is not exercise}
             out += [(notebook, exercise.piece, name, fn, others) for name, fn in correct.items()]
-    out += [("attention/scaled_dot_product_attention.ipynb", "scaled_dot_product_attention", name, fn, {})
-            for name, fn in A.CORRECT.items()]
     return out
 
 

@@ -98,7 +98,8 @@ def test_error_in_the_students_code_names_their_cell_and_line(notebooks):
     out = proc.stdout
     assert "FAIL  test_masks" in out and "pass  test_worked_example" in out, out
     # The student's cell (by its name in the notebook) and line first, then the error and the hint.
-    assert "raised by your code at cell In[" in out and "(your `scaled_dot_product_attention` cell" in out, out
+    assert "raised RuntimeError in your code at cell In[" in out, out
+    assert "(your `scaled_dot_product_attention` cell" in out, out
     assert re.search(r"line \d+, in scaled_dot_product_attention:\n +if mask:\n", out), out
     assert "Boolean value of Tensor" in out and "write `if mask is not None:`" in out, out
     assert "Traceback" not in out + proc.stderr and "_core.py" not in out and "TCP" not in proc.stderr

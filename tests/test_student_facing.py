@@ -18,12 +18,13 @@ from firstprinciples.guard import call_without
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 CELLS = [
-    "import math, torch\nfrom firstprinciples.checks import attention as A",
+    "import math, torch\nfrom firstprinciples.checks import attention as A\n"
+    "from firstprinciples.grading.declared import check_for\ncheck = check_for('attention')",
     # In[2]: no 1/sqrt(d_k)
     "def no_scaling(Q, K, V, mask=None):\n"
     "    w = torch.softmax(Q @ K.transpose(-2, -1) + (0 if mask is None else mask), dim=-1)\n"
     "    return w @ V, w",
-    "A.check_worked_example(no_scaling)",  # In[3]: the check's own AssertionError
+    'check("test_worked_example", no_scaling)',  # In[3]: the check's own AssertionError
     # In[4]: K.T on four dimensions: a warning, then a shape error
     "def dot_T(Q, K, V, mask=None):\n"
     "    scores = Q @ K.T / math.sqrt(Q.shape[-1])\n"
@@ -57,8 +58,10 @@ def test_a_failing_check_shows_the_test_cell_once(outputs):
 
 def test_an_error_of_the_students_code_shows_the_test_cell_then_their_line(outputs):
     tb, _ = outputs[4]
-    assert tb.count("Cell In[5]") == 1 and "Cell In[4], line 2, in dot_T" in tb, tb
-    assert tb.index("Cell In[5]") < tb.index("Cell In[4], line 2"), tb
+    # (the check names the student's line in its message, with the shapes on it and a hint)
+    assert tb.count("Cell In[5]") == 1 and "in your code at cell In[4], line 2, in dot_T" in tb, tb
+    assert tb.index("Cell In[5]") < tb.index("cell In[4], line 2"), tb
+    assert "scores = Q @ K.T / math.sqrt(Q.shape[-1])" in tb and "`K.T` reverses every dimension" in tb, tb
 
 
 def test_the_students_own_errors_keep_their_cell(outputs):
