@@ -1,8 +1,8 @@
 """Measuring the memory a computation takes, tensor by tensor.
 
 ``StorageSizes`` is the tiled attention chapter's measure and its exercise's memory test
-(``checks.tiled`` and the re-check's probe ``grading/probes/tiled.py``): one tool, so that
-the chapter shows the number the test judges.
+(the adapter of ``exercises/tiled_attention.py``, in the notebook and in the re-check's runner):
+one tool, so that the chapter shows the number the test judges.
 """
 from __future__ import annotations
 

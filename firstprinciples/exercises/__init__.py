@@ -98,6 +98,9 @@ class Exercise:
     mistakes: tuple = ()
     tolerance: Callable | None = None  # (case, result name) -> {dtype: (atol, rtol)} or None
     hints: tuple = ()  # (text in an error the answer raised, what to do about it)
+    # (case) -> the most bytes one tensor may take at torch's allocator on a case tagged "memory",
+    # or None: the re-check's watch records every allocation there (grading.probes.Probe.memory)
+    memory: Callable | None = None
 
     def reference_piece(self):
         module, _, attr = self.reference.partition(":")

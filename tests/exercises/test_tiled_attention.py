@@ -1,0 +1,136 @@
+"""tiled_attention: what the generic harness does not cover: the messages a student reads, the
+memory measure (its bound, and no compiler imported to take it) and the reference against torch's."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from exercises import tiled_attention_answers as A
+from firstprinciples import exercises
+from firstprinciples.exercises.tiled_attention import OVER, allowed_elements, memory_bound
+from firstprinciples.grading import declared
+
+EXERCISE = exercises.load("tiled_attention")
+MISTAKES = {m.label: m.fn for m in EXERCISE.mistakes}
+
+
+def message(grade_id: str, answer) -> str:
+    with pytest.raises(AssertionError) as err:
+        declared.check_for("tiled_attention")(grade_id, answer)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("grade_id, answer, phrases, absent", [
+    ("test_against_attention", MISTAKES["the output not rescaled"], ["the output not rescaled"], []),
+    ("test_against_attention", MISTAKES["the running sum not rescaled"], ["the running sum not rescaled"], []),
+    ("test_worked_example", MISTAKES["no 1/sqrt(d_k)"], ["no 1/sqrt(d_k)"], []),
+    ("test_causal", MISTAKES["the causal mask shows one future key"], ["the causal mask shows one future key"], []),
+    ("test_causal", MISTAKES["causal ignored"], ["causal ignored"], []),
+    ("test_against_attention", MISTAKES["the last partial block dropped"], ["the last partial block dropped"], []),
+    # one key at a time, a key's position within its block is 0, as if causal were ignored: the
+    # worked example's blocks of two keys (before the chapter's one key at a time) tell them apart
+    ("test_worked_example", A.positions_within_the_block, ["key positions counted within each block"],
+     ["causal ignored"]),
+    ("test_causal", A.positions_within_the_block, ["key positions counted within each block"], ["causal ignored"]),
+    ("test_worked_example", MISTAKES["causal ignored"], ["causal ignored"], ["key positions counted"]),
+    ("test_memory", MISTAKES["the full score matrix"], ["131,072", "block_size", "(2, 256, 256)", "16,384"], []),
+    ("test_memory", MISTAKES["the whole causal mask built first"], ["(256, 256)", "the whole causal mask built first"],
+     []),
+    ("test_memory", MISTAKES["block_size ignored"], ["(2, 256, 64)", "block_size ignored"], []),
+    ("test_large_scores", MISTAKES["no running max"], ["non-finite", "overflows"], []),
+    ("test_worked_example", A.calls_softmax, ["scores 0"], []),
+    ("test_worked_example", A.scales_Q_in_place, ["modified its input Q in place"], []),
+])
+def test_the_message_says_what_is_wrong(grade_id, answer, phrases, absent):
+    text = message(grade_id, answer)
+    for phrase in phrases:
+        assert phrase in text, f"{phrase!r} not in:\n{text}"
+    for phrase in absent:
+        assert phrase not in text, f"{phrase!r} in:\n{text}"
+
+
+def test_cats_row_is_the_chapters():
+    """The worked example's property holds Cat's row to the chapter's printed figures, and says them."""
+    from firstprinciples.exercises.tiled_attention import cats_row
+
+    case = {"tags": ("worked", "printed")}
+    assert cats_row(case, {"output": torch.tensor([[1.026, 0.974]]).numpy()}, {}) is None
+    assert "(1.026, 0.974)" in cats_row(case, {"output": torch.tensor([[1.0, 0.974]]).numpy()}, {})
+
+
+def test_the_recheck_fails_a_full_matrix_without_showing_secret_values():
+    """In the re-check, a full matrix is first what the allocator counted (whatever the dispatch mode saw)."""
+    from test_declarations import recheck_failures
+
+    text = recheck_failures(EXERCISE, MISTAKES["the full score matrix"], seed=1)["test_memory"]
+    assert "allocated" in text and "(..., T_q, block_size)" in text, text
+    assert "should be" not in text, text
+
+
+def test_the_recheck_counts_what_a_dispatch_mode_cannot_see():
+    """An answer that switches dispatch modes off passes the notebook's memory test (the measure
+    cannot see it) but not the re-check's, whose watch counts allocations at torch's allocator
+    (the corpus's atk_tiled_full_matrix_unwatched)."""
+    from test_declarations import kernel_failures, recheck_failures
+
+    assert kernel_failures(EXERCISE, A.full_matrix_unwatched) == {}
+    text = recheck_failures(EXERCISE, A.full_matrix_unwatched, seed=0)["test_memory"]
+    assert "allocated" in text and "allowed" in text, text
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_agrees_with_torch(causal):
+    g = torch.Generator().manual_seed(0)
+    reference = EXERCISE.reference_piece()
+    for lead, T, d, block in (((2, 3), 37, 8, 8), ((1,), 100, 16, 64), ((), 5, 4, 1)):
+        Q, K, V = (torch.randn(*lead, T, d, generator=g, dtype=torch.float64) for _ in range(3))
+        want = torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=causal)
+        assert torch.allclose(reference(Q, K, V, block, causal), want, atol=1e-12)
+
+
+def test_the_reference_keeps_within_the_memory_bound():
+    Q, K, V = (torch.randn(2, 512, 16) for _ in range(3))
+    case = {"Q": Q, "K": K, "V": V, "block_size": 32, "causal": True}
+    res = EXERCISE.adapter(A.correct, {**case, "measure": True})
+    assert res[OVER].numel() == 0  # nothing above the bound
+    assert allowed_elements(Q, K, V, 32) < 2 * 512 * 512 / 8
+    res = EXERCISE.adapter(MISTAKES["the full score matrix"], {**case, "measure": True})
+    assert res[OVER].tolist() == [2, 512, 512, 2 * 512 * 512]
+    assert memory_bound(case) == 8 * allowed_elements(Q, K, V, 32)
+
+
+MEASURE_IN_A_FRESH_PROCESS = """
+import sys, torch
+from firstprinciples import exercises
+from firstprinciples.exercises.tiled_attention import OVER
+from firstprinciples import reference
+E = exercises.load("tiled_attention")
+fn = reference.tiled_attention.__wrapped__
+if sys.argv[1] == "compiled":
+    fn = torch.compile(fn, backend="eager")
+Q, K, V = (torch.randn(2, 64, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+from firstprinciples.memory import StorageSizes
+sizes = StorageSizes()
+with sizes:
+    out = fn(Q, K, V, 16, True)
+assert torch.allclose(out, reference.tiled_attention(Q, K, V, 16, True))
+res = E.adapter(fn, {"Q": Q, "K": K, "V": V, "block_size": 16, "causal": True, "measure": True})
+print(sizes.largest, res[OVER].numel(), "torch._dynamo" in sys.modules)
+"""
+
+
+def test_measuring_memory_needs_no_compiler_and_a_compiled_answer_is_measured_alike():
+    """The memory measure (a dispatch mode) does not import torch._dynamo (0.7-1 s in every
+    kernel, re-check and service that measures a tiled attention: torch's wrapper of a mode, kept
+    for torch.compile, imports it at the mode's first operation); an answer run through
+    torch.compile is still measured, with the same largest intermediate, and kept within the bound."""
+    got = {kind: subprocess.run([sys.executable, "-c", MEASURE_IN_A_FRESH_PROCESS, kind], capture_output=True,
+                                text=True, timeout=300) for kind in ("plain", "compiled")}
+    for kind, proc in got.items():
+        assert proc.returncode == 0, (kind, proc.stderr[-2000:])
+    plain, compiled = (got[k].stdout.split() for k in ("plain", "compiled"))
+    assert plain[2] == "False", "measuring a plain answer imported torch._dynamo"
+    assert plain[:2] == compiled[:2] and plain[1] == "0", (plain, compiled)
