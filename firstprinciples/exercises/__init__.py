@@ -98,6 +98,9 @@ class Exercise:
     mistakes: tuple = ()
     tolerance: Callable | None = None  # (case, result name) -> {dtype: (atol, rtol)} or None
     hints: tuple = ()  # (text in an error the answer raised, what to do about it)
+    # grade_id -> Test: tests of this piece in other (later) notebooks, a recap; the re-check judges
+    # their cells by these (their notebooks' own checks run them in the kernel)
+    elsewhere: dict = field(default_factory=dict)
     # (case) -> the most bytes one tensor may take at torch's allocator on a case tagged "memory",
     # or None: the re-check's watch records every allocation there (grading.probes.Probe.memory)
     memory: Callable | None = None

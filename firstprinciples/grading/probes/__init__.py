@@ -161,7 +161,7 @@ def from_declaration(exercise, resolve: bool = True) -> Probe:
     ``resolve=False``: without the reference (the runner's probe: the runner never computes an
     expected result, and holds no course implementation)."""
     cells = {gid: Aspect(frozenset(t.tags), "values" if t.values else "structure", None, t)
-             for gid, t in exercise.tests.items()}
+             for gid, t in {**exercise.elsewhere, **exercise.tests}.items()}
     return Probe(exercise.piece, exercise.secret, exercise.adapter,
                  reference=exercise.reference_piece() if resolve else None,
                  forbidden=dict(exercise.forbidden), cells=cells, memory=exercise.memory, declared=exercise)
