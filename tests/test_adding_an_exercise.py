@@ -90,7 +90,7 @@ def test_the_page_names_every_file_the_template_adds():
 
 def test_the_generic_harness_passes_on_the_new_exercise(course, python):
     page = (ROOT / "docs" / "contributors" / "adding-an-exercise.md").read_text()
-    store = f"python -m firstprinciples.exercises.expected {NAME}"
+    store = f"python -m firstprinciples.grading.store {NAME}"
     assert store in page
     _run(course, python, *store.split()[1:])
     assert (course / "firstprinciples" / "exercises" / "expected" / f"{NAME}.json").is_file()

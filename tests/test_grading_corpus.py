@@ -74,6 +74,7 @@ for where in (folder, os.path.dirname(folder)):
             f.write("hello")
     except OSError:
         pass
+time.sleep(10)  # (the grader stops the kernel at the write: in this cell, however busy the machine is)
 ''')]} for i in range(3)
 ] + [
     # a loop of files into the one host folder the kernel can write to (its sockets' folder): each

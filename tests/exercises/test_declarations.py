@@ -161,12 +161,12 @@ def test_the_stored_expected_results_are_the_references(name):
     reference's today, within the comparison's tolerance (another CPU may round a float32 sum
     otherwise), case by case."""
     from firstprinciples.exercises import expected
-    from firstprinciples.grading import compare
+    from firstprinciples.grading import compare, store
 
     stored = expected.stored(name)
-    assert stored is not None, f"no stored results: python -m firstprinciples.exercises.expected {name}"
-    now = expected.compute(name)
-    assert sorted(stored) == sorted(now), "regenerate: python -m firstprinciples.exercises.expected"
+    assert stored is not None, f"no stored results: python -m firstprinciples.grading.store {name}"
+    now = store.compute(name)
+    assert sorted(stored) == sorted(now), "regenerate: python -m firstprinciples.grading.store"
     for piece, tests in now.items():
         assert sorted(stored[piece]) == sorted(tests), piece
         for gid, cases in tests.items():
@@ -175,7 +175,7 @@ def test_the_stored_expected_results_are_the_references(name):
                 assert sorted(old) == sorted(new), (piece, gid, i)
                 for key in new:
                     why = compare.compare(key, old[key], new[key])
-                    assert why is None, f"{piece} {gid} case {i}: {why} (python -m firstprinciples.exercises.expected)"
+                    assert why is None, f"{piece} {gid} case {i}: {why} (python -m firstprinciples.grading.store)"
 
 
 NO_REFERENCE = r'''
