@@ -53,7 +53,7 @@ import numpy as np
 from ... import exercises
 from .. import wire
 
-MODULES = ("attention", "multihead", "block", "kv_cache", "encoder_decoder", "capstone", "sampling", "tiled",
+MODULES = ("attention", "multihead", "block", "kv_cache", "encoder_decoder", "capstone", "tiled",
            "modern_block")
 
 REGISTRY: dict[str, "Probe"] = {}
