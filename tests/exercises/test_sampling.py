@@ -47,7 +47,7 @@ def message(grade_id: str, answer) -> str:
     ("test_top_p", A.top_p_before_top_k, ["top-p on the probabilities before top-k"]),
     ("test_temperature", A.first_row_only,
      ["was drawn", "a correct sampler lands that far off with probability below 1e-09"]),
-    ("test_temperature", A.scales_in_place, ["modified its input logits in place"]),
+    ("test_temperature", A.scales_in_place, ["changed the logits in place", "x = x / t"]),
     ("test_shapes", A.float_tokens, ["dtype float32", "torch.int64"]),
     ("test_generator", A.always_greedy, ["different seeds gave exactly the same 1000 tokens"]),
 ])
