@@ -433,7 +433,7 @@ def frequencies(case, out, want):
                    f"{100 * q:.1f}%: a correct sampler lands that far off with probability below {DELTA:g}.")
         if not show:
             problem = (f"a token was drawn {c} times out of {n} ({100 * c / n:.1f}%), further from its probability "
-                       f"than a correct sampler lands with probability {DELTA:g}.")
+                       f"than a correct sampler lands but with probability below {DELTA:g}.")
     if problem is None:
         return None
     found = matching_mistakes(case, out, p)
