@@ -1,6 +1,6 @@
 """The worked example of the chapter "Sampling: where the randomness lives" and of its
-exercise ``sample_next_token`` (checked in ``checks.sampling``), and the statistics of the
-frequency tests that the chapter quotes (``checks.sampling`` states why they hold)."""
+exercise ``sample_next_token`` (declared in ``exercises.sampling``), and the statistics of the
+frequency tests that the chapter quotes (``exercises.sampling`` states why they hold)."""
 from __future__ import annotations
 
 import math
