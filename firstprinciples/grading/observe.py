@@ -263,15 +263,6 @@ def _course_implementations() -> list:
                         inner = c.co_qualname.split(".<locals>.")[-1]
                         if "<locals>" in c.co_qualname and inner.startswith("Probe"):
                             out.append((c, f"{name}.{inner}"))
-    # the declared mistakes: wrong in general, right on some inputs (softmax's "dim ignored" on the
-    # last dim), and kept for the course's own tests: never part of an answer
-    from .. import exercises
-
-    for exercise in exercises.all_pieces():
-        for mistake in exercise.mistakes:
-            f = getattr(mistake.fn, "__wrapped__", mistake.fn)
-            if isinstance(f, types.FunctionType):
-                out.append((f, f"{f.__module__}.{f.__qualname__}"))
     return out
 
 
