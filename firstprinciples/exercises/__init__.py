@@ -24,6 +24,7 @@ dicts: ``label``, ``tags`` and the inputs as NumPy arrays or Python values.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
@@ -104,6 +105,8 @@ class Exercise:
     # (case) -> the most bytes one tensor may take at torch's allocator on a case tagged "memory",
     # or None: the re-check's watch records every allocation there (grading.probes.Probe.memory)
     memory: Callable | None = None
+    # the assignment whose exercise this piece is (a recap in a later notebook: ``recap``), or ""
+    recap_of: str = ""
 
     def reference_piece(self):
         module, _, attr = self.reference.partition(":")
@@ -144,8 +147,38 @@ def load(name: str) -> Exercise:
 
 
 def all_pieces() -> tuple:
-    """Every declared piece of every assignment."""
+    """Every declared piece of every assignment (recaps included)."""
     return tuple(e for name in NAMES for e in pieces(name))
+
+
+def by_piece() -> dict:
+    """piece name -> its exercise, the one that declares it first (recaps left out: the re-check
+    judges every cell of a piece, a recap's included, by its exercise's probe)."""
+    found = {}
+    for e in all_pieces():
+        if not e.recap_of:
+            found.setdefault(e.piece, e)
+    return found
+
+
+def recap(source: Exercise, assignment: str, tests: dict, visible: tuple | None = None,
+          mistakes: dict | None = None) -> Exercise:
+    """A later notebook's test of an earlier exercise's piece (a recap cell), declared as a piece
+    of that notebook's assignment: ``source``'s piece, adapter, reference, secret cases and
+    forbidden built-ins, with this notebook's test cells ``tests`` (grade_id -> Test; each also in
+    ``source.tests`` or ``source.elsewhere`` under the same grade_id, with the same tags: the
+    re-check judges every cell of a piece by its exercise's probe, and the harness checks they
+    agree), its visible cases (default: the source's) and the mistakes these cells catch:
+    ``mistakes`` maps a source mistake's label to (fails, hidden), grade_ids of ``tests``; a
+    mistake not listed is not named here."""
+    mistakes = mistakes or {}
+    picked = tuple(dataclasses.replace(m, fails=frozenset(mistakes[m.label][0]), hidden=frozenset(mistakes[m.label][1]))
+                   for m in source.mistakes if m.label in mistakes)
+    unknown = set(mistakes) - {m.label for m in source.mistakes}
+    if unknown:
+        raise KeyError(f"{source.name} declares no mistake {sorted(unknown)}")
+    return dataclasses.replace(source, name=assignment, tests=dict(tests), elsewhere={}, mistakes=picked,
+                               visible=tuple(source.visible if visible is None else visible), recap_of=source.name)
 
 
 def plain(value):

@@ -269,7 +269,7 @@ def main() -> None:
             data = data[_write(out, data):]
 
     names = [p["name"] for p in job["pieces"]]
-    declared = {e.piece: e for e in exercises.all_pieces()}
+    declared = exercises.by_piece()
     adapter_only = bool(names) and all(n in declared for n in names)
     # A declared piece's probe is its declaration's adapter (no reference, no probe module); the
     # others' come from the probe modules (which hold the course's implementations they need).

@@ -111,6 +111,18 @@ def test_the_declaration_matches_its_notebook(exercise):
         assert (m.fails | m.hidden) <= set(exercise.tests), m.label
 
 
+@pytest.mark.parametrize("exercise", [p for p in _params("exercise") if p.values[0].recap_of])
+def test_a_recap_is_judged_as_its_exercise_judges_it(exercise):
+    """A recap cell is re-checked by its exercise's probe (one per piece): the exercise declares the
+    same grade_id, in its own notebook or as ``elsewhere``, with the same cases."""
+    source = exercises.by_piece()[exercise.piece]
+    assert source.name == exercise.recap_of
+    for gid, test in exercise.tests.items():
+        theirs = {**source.elsewhere, **source.tests}.get(gid)
+        assert theirs is not None, f"{source.name} does not declare {gid} (add it to its elsewhere)"
+        assert (theirs.tags, theirs.first, theirs.then, theirs.values) == (test.tags, test.first, test.then, test.values), gid
+
+
 @pytest.mark.parametrize("exercise", _params("exercise"))
 @pytest.mark.parametrize("seed", SEEDS)
 def test_the_reference_passes_both_runners(exercise, seed):

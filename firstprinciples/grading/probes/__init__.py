@@ -148,8 +148,8 @@ def load() -> dict:
     a probe made from each declared exercise (``exercises.NAMES``)."""
     for m in MODULES:
         importlib.import_module(f"{__name__}.{m}")
-    for exercise in exercises.all_pieces():
-        if exercise.piece not in REGISTRY:
+    for piece, exercise in exercises.by_piece().items():
+        if piece not in REGISTRY:
             register(from_declaration(exercise))
     return REGISTRY
 
