@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -93,8 +94,32 @@ def as_student_code(obj):
     lines = textwrap.dedent(inspect.getsource(target)).splitlines()
     source = "\n".join(line for line in lines if not line.startswith("@reference_piece"))
     namespace = dict(sys.modules[target.__module__].__dict__)
+    # the course's other pieces it calls (MultiHeadAttention's split_heads, merge_heads and attention)
+    # as a student's notebook has them too: their own cells, not the course's
+    _BUILDING.add(target)
+    try:
+        for name, value in list(namespace.items()):
+            if (_is_reference_piece(value) and inspect.unwrap(value) not in _BUILDING
+                    and re.search(rf"\b{name}\b", source)):
+                namespace[name] = as_student_code(value)
+    finally:
+        _BUILDING.discard(target)
     exec(compile(source, f"<cell {target.__name__!r}>", "exec"), namespace)
     return namespace[target.__name__]
+
+
+_BUILDING: set = set()  # the pieces being compiled (two pieces that name each other are compiled once each)
+
+
+def _is_reference_piece(value) -> bool:
+    """A function or class marked ``@reference_piece`` (a wrapper, or a class whose forward is wrapped)."""
+    import inspect
+
+    if inspect.isclass(value):
+        marked = getattr(value.__dict__.get("forward"), "__wrapped__", None) is not None
+    else:
+        marked = inspect.isfunction(value) and getattr(value, "__wrapped__", None) is not None
+    return marked and inspect.unwrap(value).__module__.startswith("firstprinciples.reference")
 
 
 def with_answer(nb, grade_id: str, source: str):

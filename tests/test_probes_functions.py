@@ -33,7 +33,8 @@ test_cross_attention_agrees = agreement_test(
 # (gradcheck; the gradient cells that compare with the reference or torch, softmax's, the KV cache's and
 # the KV step's, are compared in "values" mode). So an answer with the right structure and property but wrong
 # values keeps such a cell, in the kernel as in the re-check, and loses the cells that do compare values.
-# (attention's, declared, are tested in tests/exercises/test_attention.py.)
+# (attention's and multi-head attention's, declared, are tested in tests/exercises/test_attention.py and
+# tests/exercises/test_multi_head_attention.py.)
 import math  # noqa: E402
 
 import pytest  # noqa: E402
@@ -42,12 +43,10 @@ import torch  # noqa: E402
 
 import test_checks_block as Bk  # noqa: E402
 import test_checks_capstone as Cap  # noqa: E402
-import test_checks_multihead as M  # noqa: E402
 from checktable import outcome  # noqa: E402
 from firstprinciples.checks import block as Bk_checks  # noqa: E402
 from firstprinciples.checks import capstone as Cap_checks  # noqa: E402
 from firstprinciples.checks import encoder_decoder as ED_checks  # noqa: E402
-from firstprinciples.checks import multihead as M_checks  # noqa: E402
 from probetable import trusted_failures  # noqa: E402
 
 
@@ -108,10 +107,6 @@ AUDIT = {
         lambda x, c, W_q, W_k, W_v, mask=None: _plain_attention(x @ W_q, c @ W_k, c @ W_v, mask, doubled=True),
         {"scaled_dot_product_attention": _plain_attention},
         ("test_gradients_and_inputs", _cell(ED_checks.check_gradients_and_inputs)), "test_against_torch"),
-    "MultiHeadAttention gradients": (
-        "multi_head_attention/multi_head_attention.ipynb", "MultiHeadAttention", _module_doubled(M.GoodMHA), {},
-        ("test_mha_gradients_and_inputs", _cell(M_checks.check_mha_gradients_and_inputs)),
-        "test_mha_against_reference"),
     "TransformerBlock gradients": (
         "transformer_block/transformer_block.ipynb", "TransformerBlock", _module_doubled(Bk.GoodBlock), {},
         ("test_block_gradients_and_inputs", _cell(Bk_checks.check_block_gradients_and_inputs)),

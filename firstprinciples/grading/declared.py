@@ -28,7 +28,16 @@ def plain_case(case: dict) -> dict:
 
 
 def _arrays(encoded: dict) -> dict:
-    return {k: wire.array(v) for k, v in encoded.items() if wire.is_array(v)}
+    """Encoded results as the properties get them: arrays as NumPy arrays, and numbers, strings
+    and flags as themselves (a module's structure, reported as plain data); None and nested
+    values left out."""
+    out = {}
+    for k, v in encoded.items():
+        if wire.is_array(v):
+            out[k] = wire.array(v)
+        elif isinstance(v, dict) and "items" not in v and wire.scalar(v) is not None:
+            out[k] = wire.scalar(v)
+    return out
 
 
 def judge(exercise, test, case: dict, got: dict, want: dict, *, show: bool = True) -> str | None:
