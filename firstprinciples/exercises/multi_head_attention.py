@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..examples.multihead import EXAMPLE_HEADS, split_example
 from . import Exercise, Mistake, Test, attention, case, recap
 from .adapters import _weighted, FD_STEP, call_runner, grad_case, honest_gradients
 
@@ -212,7 +213,7 @@ def _split_visible() -> tuple:
     g = np.random.default_rng(31)
     return (
         case("for the worked example x = torch.arange(12.).reshape(1, 2, 6) (head h holds features 2h, 2h+1 of each "
-             "token)", ("split", "small", "printed"), x=np.arange(12, dtype=np.float64).reshape(1, 2, 6), n_heads=3),
+             "token)", ("split", "small", "printed"), x=split_example(torch.float64).numpy(), n_heads=EXAMPLE_HEADS),
         case("for x of shape (2, 5, 12), float32, n_heads=3", ("split", "small"), x=_normal(g, (2, 5, 12), "float32"),
              n_heads=3),
     )
@@ -242,7 +243,8 @@ def split_secret(rng: np.random.Generator) -> list:
 
 def _merge_visible() -> tuple:
     g = np.random.default_rng(37)
-    worked = np.arange(12, dtype=np.float64).reshape(1, 2, 3, 2).transpose(0, 2, 1, 3).copy()  # (1, 3, 2, 2)
+    x = split_example(torch.float64).numpy()  # (1, 2, 6)
+    worked = x.reshape(1, 2, EXAMPLE_HEADS, 2).transpose(0, 2, 1, 3).copy()  # its three heads, (1, 3, 2, 2)
     return (
         case("for the worked example's three heads [[[0, 1], [6, 7]], [[2, 3], [8, 9]], [[4, 5], [10, 11]]] (it "
              "should give back torch.arange(12.).reshape(1, 2, 6))", ("merge", "small", "printed"), x=worked),
