@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from course import as_answer
 from exercises import multi_head_attention_answers as A
 from firstprinciples import exercises, reference
 from firstprinciples.checks import multihead as recap
@@ -262,7 +263,7 @@ def test_the_later_notebooks_recap_cells_are_re_checked_by_the_declaration(noteb
     declared mistake fails it and is named."""
     reasons = _recheck_reasons(notebook, piece, next(iter(A.CORRECT[piece].values())))
     assert reasons == {cell: None}, reasons
-    reasons = _recheck_reasons(notebook, piece, MISTAKES[wrong])
+    reasons = _recheck_reasons(notebook, piece, as_answer(MISTAKES[wrong]))  # (as a student who wrote it)
     assert set(reasons) == {cell} and wrong in (reasons[cell] or ""), reasons
 
 
