@@ -22,8 +22,9 @@ Decisions stated once:
   matrices (against finite differences of the answer's own output, moving x and the weights
   together) and that the output keeps x's shape and dtype; not the values, nor the weights' shape:
   the other tests do.
-- Every test fails an answer that changes its input, its mask or its own weights, or that calls
-  PyTorch's or the course's attention (any of the four pieces).
+- Every test fails an answer that calls PyTorch's or the course's attention (any of the four
+  pieces); every test that calls forward, an answer that changes its input, its mask or its own
+  weights.
 - The old checks' hidden comparison with PyTorch's ``nn.MultiheadAttention`` is the comparison with
   the reference, which ``tests/test_reference_modules.py`` holds equal to it.
 - Values are compared with the defaults of ``grading.compare``: four d_model-term products and a
