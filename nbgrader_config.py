@@ -32,12 +32,14 @@ from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, Clea
                                     LimitOutput, OverwriteKernelspec, SaveAutoGrades)
 
 import nbgrader.apps.autogradeapp
+import nbgrader.apps.generateassignmentapp
 from nbgrader.coursedir import CourseDirectory
 
 import firstprinciples.grading
 
 # One copy of the course package for every process of a command (a grading-setup error otherwise).
 firstprinciples.grading.require_one_copy(os.getcwd())
+from firstprinciples.grading.exchange import KeepReleasedGenerateAssignment
 from firstprinciples.grading.execute import RobustExecute
 from firstprinciples.grading.parallel import MARKER, GraderBoundKernelManager, ParallelAutograde
 from firstprinciples.grading.sanitize import (CsvExportWithNotes, MatchNotebooks, OverwriteCellsQuietly, RestoreCells,
@@ -61,6 +63,10 @@ if os.environ.get("FP_GRADEBOOK_URL"):
 # subclass is put in that name here. Every c.Autograde.* setting applies to it, and
 # the instructor still types `nbgrader autograde <assignment>`.
 nbgrader.apps.autogradeapp.Autograde = ParallelAutograde
+# `nbgrader generate_assignment` that puts a released assignment back when it cannot generate it
+# again (a test cell added once there are submissions, say): nbgrader deletes it first, and the class
+# was left without its notebooks (firstprinciples.grading.exchange).
+nbgrader.apps.generateassignmentapp.GenerateAssignment = KeepReleasedGenerateAssignment
 # c.Autograde.workers = 2  # grading processes; default: $FP_GRADING_WORKERS, else two a core as the memory allows
 # A kernel dies with the grading process that started it (even on kill -9), so a
 # killed run leaves no kernel waiting forever.
