@@ -128,7 +128,11 @@ c.ExchangeFactory.release_feedback = "firstprinciples.grading.exchange.TolerantR
 # zip_collect: an LMS's time stamps (2026-12-03-14-30-00) read whole, and one unreadable stamp
 # costs that file its time stamp (with a warning), never the collection of the class.
 c.ZipCollectApp.collector_plugin = "firstprinciples.grading.exchange.StampedFileNameCollector"
-# c.Exchange.root = "/srv/nbgrader/exchange"  # nbgrader's default exchange folder
+# The exchange folder (release_assignment, the students' fetch_assignment and submit, collect,
+# release_feedback): one folder every student and instructor can write, set up once
+# (docs/instructors/grading-round.md): $FP_EXCHANGE, else nbgrader's /srv/nbgrader/exchange.
+if os.environ.get("FP_EXCHANGE"):
+    c.Exchange.root = os.environ["FP_EXCHANGE"]
 # Formgrader's autograde button grades in a subprocess (the same `nbgrader autograde` as on the
 # command line) while the Jupyter server keeps answering, and its dialog shows the score and the
 # notes. Only when the formgrader loads this file: the command line does not import the server.
