@@ -41,10 +41,8 @@ import pytest  # noqa: E402
 
 import torch  # noqa: E402
 
-import test_checks_block as Bk  # noqa: E402
 import test_checks_capstone as Cap  # noqa: E402
 from checktable import outcome  # noqa: E402
-from firstprinciples.checks import block as Bk_checks  # noqa: E402
 from firstprinciples.checks import capstone as Cap_checks  # noqa: E402
 from firstprinciples.checks import encoder_decoder as ED_checks  # noqa: E402
 from probetable import trusted_failures  # noqa: E402
@@ -73,14 +71,6 @@ def _doubled(fn):
     return answer
 
 
-def _module_doubled(base):
-    def forward(self, *args, **kwargs):
-        out, w = base.forward(self, *args, **kwargs)
-        return 2 * out, w
-
-    return type(f"{base.__name__}Doubled", (base,), {"forward": forward})
-
-
 class _GPTDoubled(Cap.GoodGPT):
     def forward(self, idx):
         logits, atts = super().forward(idx)
@@ -107,10 +97,6 @@ AUDIT = {
         lambda x, c, W_q, W_k, W_v, mask=None: _plain_attention(x @ W_q, c @ W_k, c @ W_v, mask, doubled=True),
         {"scaled_dot_product_attention": _plain_attention},
         ("test_gradients_and_inputs", _cell(ED_checks.check_gradients_and_inputs)), "test_against_torch"),
-    "TransformerBlock gradients": (
-        "transformer_block/transformer_block.ipynb", "TransformerBlock", _module_doubled(Bk.GoodBlock), {},
-        ("test_block_gradients_and_inputs", _cell(Bk_checks.check_block_gradients_and_inputs)),
-        "test_block_against_reference"),
     "StudentGPT causal": (
         "capstone/capstone.ipynb", "StudentGPT", _GPTDoubled, {},
         ("test_model_causal", _cell(Cap_checks.check_model_causal)), "test_model_forward"),
