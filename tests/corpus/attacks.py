@@ -446,6 +446,26 @@ ATTACKS = [
                 _, weights = self.attn(self.ln1(x), mask)
                 return self.layer(x, src_mask=mask), weights
      ''')}, "extra": [], "score": None, "reason": FORBIDDEN},
+    # issue 38: a "dropout" that only scales by (1 - p) keeps each branch's expected value and zeroes
+    # nothing; dropout is judged by its distribution, so it loses test_block_dropout (2 of 17 points)
+    {"id": "atk_block_dropout_only_scales", "assignment": "transformer_block", "answers": {"TransformerBlock": _c('''
+        class TransformerBlock(nn.Module):
+            def __init__(self, d_model, n_heads, dropout=0.1):
+                super().__init__()
+                self.ln1 = nn.LayerNorm(d_model)
+                self.attn = MultiHeadAttention(d_model, n_heads)
+                self.ln2 = nn.LayerNorm(d_model)
+                self.ffn = FeedForward(d_model)
+                self.p = dropout
+
+            def drop(self, t):
+                return t * (1 - self.p) if self.training else t  # scales, never zeroes
+
+            def forward(self, x, mask=None):
+                a, weights = self.attn(self.ln1(x), mask)
+                x = x + self.drop(a)
+                return x + self.drop(self.ffn(self.ln2(x))), weights
+     ''')}, "extra": [], "score": 15, "reason": "inverted dropout"},
     {"id": "atk_kv_reference_subclass", "assignment": "kv_cache", "answers": {"KVCache": _c('''
         import importlib
         _ref = importlib.import_module("firstprinciples.reference")
