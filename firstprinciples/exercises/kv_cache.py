@@ -42,9 +42,7 @@ Decisions stated once:
 """
 from __future__ import annotations
 
-import contextvars
 import dataclasses
-import functools
 import math
 
 import numpy as np
@@ -542,29 +540,6 @@ def step_adapter(step, case, namespace=None):
 
 
 # ---------------------------------------------------------------- typical mistakes: the step
-# The mistakes below share a correct attention and a correct step (``_attend``, ``_correct_step``). The
-# declaration is importable wherever an answer runs, so those two work only inside a declared mistake
-# (``_mistake``): borrowed by an answer, they raise.
-_IN_A_MISTAKE = contextvars.ContextVar("in_a_declared_mistake", default=False)
-
-
-def _mistake(fn):
-    @functools.wraps(fn)
-    def mistake(*args, **kwargs):
-        token = _IN_A_MISTAKE.set(True)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _IN_A_MISTAKE.reset(token)
-
-    return mistake
-
-
-def _only_in_a_mistake():
-    if not _IN_A_MISTAKE.get():
-        raise RuntimeError("this is the grader's helper for its declared mistakes, not a part of an answer")
-
-
 def _heads(x, n_heads):
     B, T, d = x.shape
     return x.reshape(B, T, n_heads, d // n_heads).transpose(1, 2)  # (B, H, T, d_k)
@@ -576,7 +551,6 @@ def _merge(x):
 
 
 def _attend(q, K, V, mask=None):
-    _only_in_a_mistake()
     s = q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if mask is not None:
         s = s + mask
@@ -601,14 +575,12 @@ def _chunk_mask(x_new, K):
 
 def _correct_step(x_new, cache, mha):
     """A correct step (the generate mistakes use it)."""
-    _only_in_a_mistake()
     q, k, v = _project(x_new, mha)
     K, V = cache.append(k, v)
     out, w = _attend(q, K, V, _chunk_mask(x_new, K))
     return mha.W_o(_merge(out)), w
 
 
-@_mistake
 def _step_not_updated(x_new, cache, mha):
     q, k, v = _project(x_new, mha)
     T_new, T_past = x_new.shape[1], len(cache)
@@ -618,7 +590,6 @@ def _step_not_updated(x_new, cache, mha):
     return mha.W_o(_merge(out)), w
 
 
-@_mistake
 def _step_self_left_out(x_new, cache, mha):
     q, k, v = _project(x_new, mha)
     T_new = x_new.shape[1]
@@ -631,7 +602,6 @@ def _step_self_left_out(x_new, cache, mha):
     return mha.W_o(_merge(out)), w
 
 
-@_mistake
 def _step_mask_hides_cache(x_new, cache, mha):
     q, k, v = _project(x_new, mha)
     K, V = cache.append(k, v)
@@ -640,7 +610,6 @@ def _step_mask_hides_cache(x_new, cache, mha):
     return mha.W_o(_merge(out)), w
 
 
-@_mistake
 def _step_no_chunk_mask(x_new, cache, mha):
     q, k, v = _project(x_new, mha)
     K, V = cache.append(k, v)
@@ -648,7 +617,6 @@ def _step_no_chunk_mask(x_new, cache, mha):
     return mha.W_o(_merge(out)), w
 
 
-@_mistake
 def _step_stale_queries(x_new, cache, mha):
     q, k, v = _project(x_new, mha)
     K, V = cache.append(k, v)
@@ -657,7 +625,6 @@ def _step_stale_queries(x_new, cache, mha):
     return mha.W_o(_merge(out)), w
 
 
-@_mistake
 def _step_queries_cached(x_new, cache, mha):
     q, k, v = _project(x_new, mha)
     T_new = x_new.shape[1]
@@ -668,7 +635,6 @@ def _step_queries_cached(x_new, cache, mha):
     return mha.W_o(_merge(out[..., -T_new:, :])), w[..., -T_new:, :]
 
 
-@_mistake
 def _step_recomputes(x_new, cache, mha):
     cache.x = x_new if getattr(cache, "x", None) is None else torch.cat([cache.x, x_new], dim=1)
     q = _heads(mha.W_q(x_new), mha.n_heads)
@@ -684,7 +650,6 @@ def _heads_no_transpose(x, n_heads):
     return x.reshape(B, n_heads, T, d // n_heads)  # cuts the sequence, not each token, into heads
 
 
-@_mistake
 def _step_split_no_transpose(x_new, cache, mha):
     H = mha.n_heads
     q, k, v = (_heads_no_transpose(W(x_new), H) for W in (mha.W_q, mha.W_k, mha.W_v))
@@ -890,7 +855,6 @@ def sequence_shape(case, out, want):
     return None
 
 
-@_mistake
 def _gen_new_cache_each_step(mha, prompt, n_new):
     seq, x_new = prompt, prompt
     for _ in range(n_new):
@@ -900,7 +864,6 @@ def _gen_new_cache_each_step(mha, prompt, n_new):
     return seq
 
 
-@_mistake
 def _gen_first_row(mha, prompt, n_new):
     cache, seq, x_new = GivenCache(), prompt, prompt
     for _ in range(n_new):
@@ -910,7 +873,6 @@ def _gen_first_row(mha, prompt, n_new):
     return seq
 
 
-@_mistake
 def _gen_whole_sequence_each_step(mha, prompt, n_new):
     cache, seq = GivenCache(), prompt
     for _ in range(n_new):
@@ -919,7 +881,6 @@ def _gen_whole_sequence_each_step(mha, prompt, n_new):
     return seq
 
 
-@_mistake
 def _gen_uncached(mha, prompt, n_new):
     """Every step projects the whole prefix again (with the layers) and attends with a causal mask."""
     seq = prompt

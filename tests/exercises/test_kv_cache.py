@@ -125,14 +125,15 @@ def test_the_clock_ticks_on_the_use_of_W_o_and_moves_W_k_and_W_v_at_their_next_u
     assert torch.equal(mha.W_k(x), x @ moved.T)  # the layer computes with the moved weight
 
 
-def test_the_declarations_helpers_work_only_inside_its_mistakes():
-    """The declaration is importable wherever an answer runs: its correct attention and step, which its
-    mistakes share, raise when an answer borrows them."""
-    x = torch.zeros(1, 2, 4)
-    with pytest.raises(RuntimeError, match="not a part of an answer"):
-        D._attend(x, x, x)
-    with pytest.raises(RuntimeError, match="not a part of an answer"):
-        D._correct_step(x, D.GivenCache(), None)
+def test_a_borrowed_correct_step_of_the_declarations_loses_in_the_re_check():
+    """The generate mistakes are built on a correct step of the declaration's (``_correct_step``), which
+    no adapter runs: the re-check forbids it to answers (the declarations' own code)."""
+    ns = notebook(PLAIN_STEP, KVCache=A.CatCache, _borrowed=D._correct_step)
+    exec("def cached_attention_step(x_new, cache, mha):\n    return _borrowed(x_new, cache, mha)\n", ns)
+    nb = nbformat.read(SOLUTIONS / KV_NB, as_version=4)
+    verdicts = trusted.local_verdicts(nb, ns, 0)
+    for grade_id in STEP_IDS:
+        assert "the course's own code" in (verdicts[grade_id] or ""), (grade_id, verdicts[grade_id])
 
 
 # ---------------------------------------------------------------- the student's own cache, handed to the step
