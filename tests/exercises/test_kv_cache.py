@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from course import SOLUTIONS
+from course import SOLUTIONS, as_answer
 from exercises import kv_cache_answers as A
 from firstprinciples import exercises
 from firstprinciples.exercises import kv_cache as D
@@ -350,7 +350,8 @@ def _reason(name, answer, grade_id):
 # A cache that cached generation can use: what append returns is right (len, gradients and the inputs
 # left untouched are not what test_generate_cached / test_generate_trained judge).
 CACHE_USABLE = {"detached", "len counts appends", "modifies its inputs", "len of an empty cache fails"}
-CACHE_ANSWERS = {**{n: cls for n, (cls, _, _) in A.CACHE_WRONG.items()}, **{m.label: m.fn for m in CACHE.mistakes}}
+CACHE_ANSWERS = {**{n: cls for n, (cls, _, _) in A.CACHE_WRONG.items()},
+                 **{m.label: as_answer(m.fn) for m in CACHE.mistakes}}  # (a mistake as a student's own code)
 
 
 @pytest.mark.parametrize("name", sorted(CACHE_ANSWERS) + sorted(f"correct:{n}" for n in A.CORRECT["KVCache"]))
