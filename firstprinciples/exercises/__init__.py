@@ -111,6 +111,10 @@ class Exercise:
     memory: Callable | None = None
     # the assignment whose exercise this piece is (a recap in a later notebook: ``recap``), or ""
     recap_of: str = ""
+    # names of other notebook objects the adapter uses with the piece (the KV-cache step: the notebook's
+    # own KVCache): the re-check's runner loads their cells and calls ``adapter(piece, case, namespace)``;
+    # without a namespace (the kernel), the adapter looks them up in the piece's globals
+    needs: tuple = ()
 
     def reference_piece(self):
         module, _, attr = self.reference.partition(":")

@@ -452,7 +452,25 @@ ATTACKS = [
 
         class KVCache(_ref.KVCache):
             """The course's cache under the expected name."""
-     ''')}, "extra": [], "score": None, "reason": "course's reference"},
+     ''')}, "extra": [], "score": None, "reason": "ImportError"},  # (a declared piece's runner refuses the import)
+    # the red team's (issue 38): generation without a cache, every product with a layer's weight written by
+    # hand so that no hook on the layers counts the prefix projected again at every step; the layers' weights
+    # that change between steps (after the prompt is cached) tell it from a cache by what it computes
+    {"id": "atk_kv_generate_uncached_by_the_weights", "assignment": "kv_cache", "answers": {"generate": _c('''
+        def generate(mha, prompt, n_new):
+            """Extend prompt by n_new vectors (no cache: the whole prefix again, by the layers' weights)."""
+            seq = prompt
+            for _ in range(n_new):
+                B, T, d = seq.shape
+                H = mha.n_heads
+                q, k, v = ((seq @ layer.weight.T).view(B, T, H, d // H).transpose(1, 2)
+                           for layer in (mha.W_q, mha.W_k, mha.W_v))
+                scores = q @ k.transpose(-2, -1) / math.sqrt(d // H)
+                scores = scores + torch.triu(torch.full((T, T), float("-inf"), dtype=seq.dtype), diagonal=1)
+                out = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, d) @ mha.W_o.weight.T
+                seq = torch.cat([seq, out[:, -1:]], dim=1)
+            return seq
+     ''')}, "extra": [], "score": None, "reason": "recomputing everything"},
     {"id": "atk_pe_reference", "assignment": "positional_encoding", "answers": {"sinusoidal_encoding": _c('''
         import importlib
 
