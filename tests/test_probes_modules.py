@@ -21,7 +21,6 @@ from course import SOLUTIONS
 from probetable import agreement_test
 
 import test_checks_block as Bk
-from firstprinciples import reference
 from firstprinciples.grading import trusted, wire
 from firstprinciples.grading.runtime import report
 

@@ -154,7 +154,6 @@ def test_every_mistake_fails_exactly_its_cells_and_is_named(exercise, mistake):
 @pytest.mark.parametrize("exercise, answer, in_kernel, in_recheck", _params("wrong"))
 def test_every_wrong_answer_fails_exactly_its_cells(exercise, answer, in_kernel, in_recheck):
     assert set(kernel_failures(exercise, answer)) == set(in_kernel), "in the kernel"
-<<<<<<< HEAD
     seed = SEEDS[_line(answer) % len(SEEDS)]
     assert set(recheck_failures(exercise, answer, seed)) == set(in_recheck), f"in the re-check (seed {seed})"
 
@@ -166,18 +165,6 @@ def _line(answer) -> int:
     if code is None:  # a class
         code = next((f.__code__ for f in vars(answer).values() if hasattr(f, "__code__")), None)
     return code.co_firstlineno if code is not None else 0
-=======
-    seed = SEEDS[hash(_first_line(answer)) % len(SEEDS)]
-    assert set(recheck_failures(exercise, answer, seed)) == set(in_recheck), f"in the re-check (seed {seed})"
-
-
-def _first_line(answer) -> int:
-    """Where an answer is written: a function's first line, or a class's (a module piece)."""
-    import inspect
-
-    code = getattr(answer, "__code__", None)
-    return code.co_firstlineno if code is not None else inspect.getsourcelines(answer)[1]
->>>>>>> kv
 
 
 @pytest.mark.parametrize("exercise", _params("exercise"))
