@@ -189,14 +189,11 @@ def module_adapter(owner: str, names: tuple, outputs: tuple, how: dict, built=No
         # The outputs' values, detached: whether gradients flow is judged by the gradient cases (the
         # module as built gives a detached answer the right numbers, and its real mistake is named there).
         res = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in returned.items()}
-        if backward:
-            first = returned[outputs[0]]
-            if not isinstance(first, torch.Tensor) or not first.requires_grad:
-                raise AssertionError(
-                    f"the {outputs[0]} does not require grad although x does: gradients cannot flow back. Avoid "
-                    ".detach(), .numpy(), .item(), torch.tensor(...) of results and torch.no_grad() inside forward.")
-            leaves = [x, *params.values()]
-            grads = vector_jacobian(first, leaves, _fresh(case["grad_out"]).to(first.dtype))
+        if backward:  # (an output not connected to x and the weights: no gradient reaches them, reported as None)
+            first, leaves = returned[outputs[0]], [x, *params.values()]
+            grads = [None] * len(leaves)
+            if isinstance(first, torch.Tensor) and first.requires_grad:
+                grads = vector_jacobian(first, leaves, _fresh(case["grad_out"]).to(first.dtype))
             res.update({f"grad_{n}": g for n, g in zip(("x", *params), grads)})
         after = module.state_dict()
         res[CHANGED] = tuple(sorted(k for k, v in before.items() if k in after and not torch.equal(v, after[k])))
@@ -225,8 +222,8 @@ def gradients_reach(case, out, want):
     or was detached)."""
     for key in want:
         if key.startswith("grad_") and out.get(key) is None:
-            name = key[5:]
-            return f"no gradient reaches {name}: is it used in forward (and not detached)?"
+            return (f"no gradient reaches {key[5:]}: is it used in forward, and is nothing detached? Avoid .detach(), "
+                    ".numpy(), .item(), torch.tensor(...) of results and torch.no_grad() inside forward.")
     return None
 
 

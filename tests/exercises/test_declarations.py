@@ -150,10 +150,17 @@ def test_every_mistake_fails_exactly_its_cells_and_is_named(exercise, mistake):
     assert set(failed) == mistake.fails | mistake.hidden, f"in the re-check (seed {seed}): failed {sorted(failed)}"
 
 
+def _first_line(answer) -> int:
+    """Where an answer's source starts: a function's first line, or a class's (a module piece)."""
+    import inspect
+
+    return answer.__code__.co_firstlineno if hasattr(answer, "__code__") else inspect.getsourcelines(answer)[1]
+
+
 @pytest.mark.parametrize("exercise, answer, in_kernel, in_recheck", _params("wrong"))
 def test_every_wrong_answer_fails_exactly_its_cells(exercise, answer, in_kernel, in_recheck):
     assert set(kernel_failures(exercise, answer)) == set(in_kernel), "in the kernel"
-    seed = SEEDS[hash(answer.__code__.co_firstlineno) % len(SEEDS)]
+    seed = SEEDS[hash(_first_line(answer)) % len(SEEDS)]
     assert set(recheck_failures(exercise, answer, seed)) == set(in_recheck), f"in the re-check (seed {seed})"
 
 
