@@ -186,8 +186,9 @@ def module_adapter(owner: str, names: tuple, outputs: tuple, how: dict, built=No
         else:
             kind = type(result).__name__ + (f" of length {len(result)}" if isinstance(result, (tuple, list)) else "")
             raise AssertionError(f"forward returned a {kind}, expected a tuple ({', '.join(outputs)}).")
-        # The outputs' values, detached: whether gradients flow is judged by the gradient cases (the
-        # module as built gives a detached answer the right numbers, and its real mistake is named there).
+        # The outputs' values, detached: whether gradients flow is judged by the gradient cases, as
+        # before the declaration (an answer that forgets the weight is right on the module as built,
+        # weight ones, and its mistake is named on the seeded cases, not by a missing gradient).
         res = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in returned.items()}
         if backward:  # (an output not connected to x and the weights: no gradient reaches them, reported as None)
             first, leaves = returned[outputs[0]], [x, *params.values()]
@@ -249,11 +250,13 @@ def _linear_layers(owner: str, sizes: str, layers: dict, count, count_formula: s
                         f"shape {want_shape}: {text}.")
             if bias:
                 return f"{owner}.{name} should have no bias: nn.Linear(..., bias=False)."
-        if out[DISTINCT] < len(layers):
-            return f"{', '.join(list(layers)[:-1])} and {list(layers)[-1]} should be {len(layers)} different nn.Linear layers."
-        if out[COUNT] != count(*case["sizes"]) or _others(out):
+        names = list(layers)
+        if out[DISTINCT] < len(names):
+            return f"{', '.join(names[:-1])} and {names[-1]} should be {len(names)} different nn.Linear layers."
+        expected = count(*case["sizes"])
+        if out[COUNT] != expected or _others(out):
             return (f"{owner}{tuple(case['sizes'])} has {out[COUNT]:,} parameters but should have {count_formula} = "
-                    f"{count(*case['sizes']):,} (the {len(layers)} layers' weights only). {_others(out) or ''}").rstrip()
+                    f"{expected:,} (the {len(names)} layers' weights only). {_others(out) or ''}").rstrip()
         return None
 
     judged.__doc__ = f"{owner}'s layers, {sizes}: named, bias-free nn.Linear of the right shapes, distinct, no others."
@@ -610,8 +613,9 @@ def masked_weights_are_zero(case, out, want):
     above = float(np.abs(w[hidden]).max()) if hidden.any() else 0.0
     if above == 0.0:
         return None
-    return (f"every weight where the mask is -inf must be exactly 0; yours reach {above:.3g}. Is the mask added to "
-            "the scores of every head before the softmax?")
+    reach = f"yours reach {above:.3g}" if case.get("show") else "some of yours are not"
+    return (f"every weight where the mask is -inf must be exactly 0; {reach}. Is the mask added to the scores of "
+            "every head before the softmax?")
 
 
 def _gqa_case(rng, tag, B, T, d, H, H_kv, dtype, mask=None, what=""):
@@ -677,9 +681,8 @@ def gqa_secret(rng: np.random.Generator) -> list:
 # The course's modules an answer must not build or call (the course's split_heads, merge_heads and
 # attention function are left out: its GroupedQueryAttention is built on them, see the docstring).
 COURSE_MODULES = ("RMSNorm", "SwiGLU", "GroupedQueryAttention", "MultiHeadAttention", "FeedForward", "TransformerBlock")
-GRADIENT_NAMES = {"grad_x": "the gradient with respect to x",
-                  **{f"grad_{n}.weight": f"the gradient with respect to {n}.weight" for n in (*SWIGLU_LAYERS, *PROJECTIONS)},
-                  "grad_weight": "the gradient with respect to weight"}
+GRADIENT_NAMES = {f"grad_{n}": f"the gradient with respect to {n}"
+                  for n in ("x", "weight", *(f"{layer}.weight" for layer in (*SWIGLU_LAYERS, *PROJECTIONS)))}
 HINTS = (
     ("modified by an inplace operation", "An in-place operation (x /= ..., x.mul_(...)) on a tensor that autograd "
                                          "still needs breaks the backward pass: write x = x / ... instead."),

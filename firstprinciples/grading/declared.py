@@ -67,7 +67,8 @@ def judge(exercise, test, case: dict, got: dict, want: dict, *, show: bool = Tru
             which = key[: -len(AFTER)]
             return (f"{exercise.call} {label} modified its input {which} in place. Build new tensors instead "
                     f"(for example `x = x / s` rather than `x /= s` or `x.div_(s)`).")
-    properties = lambda: (_for_properties(got, want), _for_properties(want, want))  # noqa: E731 (decoded only when a property needs them)
+    # (decoded only when a property needs them)
+    properties = lambda: (_for_properties(got, want), _for_properties(want, want))  # noqa: E731
     for prop in test.first:
         reason = prop(plain, *properties())
         if reason:
