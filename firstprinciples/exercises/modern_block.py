@@ -286,19 +286,22 @@ def _rms(x, weight, eps):
 
 
 class _RMSMistake(nn.Module):
-    """RMSNorm's parameters, with a forward that ``normalise`` (a function of x, weight, eps) gets wrong."""
+    """RMSNorm's parameters, for the mistakes below (each gets forward wrong)."""
 
     def __init__(self, d_model, eps=1e-6):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d_model))
 
-    def forward(self, x):
-        return self.normalise(x, self.weight, self.eps)
-
 
 def _rms_mistake(normalise):
-    return type("RMSNorm", (_RMSMistake,), {"normalise": staticmethod(normalise)})
+    """A mistaken RMSNorm whose forward is ``normalise(x, weight, eps)``."""
+
+    class RMSNorm(_RMSMistake):
+        def forward(self, x):
+            return normalise(x, self.weight, self.eps)
+
+    return RMSNorm
 
 
 def _layer_norm(x, weight, eps):
@@ -424,7 +427,7 @@ SWIGLU_LAYERS = ("W1", "W3", "W2")
 
 
 class _SwiGLUMistake(nn.Module):
-    """SwiGLU's layers, with a forward that ``combine`` (a function of x, W1, W3, W2) gets wrong."""
+    """SwiGLU's layers, for the mistakes below (each gets forward wrong)."""
 
     def __init__(self, d_model, d_hidden):
         super().__init__()
@@ -432,12 +435,15 @@ class _SwiGLUMistake(nn.Module):
         self.W3 = nn.Linear(d_model, d_hidden, bias=False)
         self.W2 = nn.Linear(d_hidden, d_model, bias=False)
 
-    def forward(self, x):
-        return self.combine(x, self.W1, self.W3, self.W2)
-
 
 def _swiglu_mistake(combine):
-    return type("SwiGLU", (_SwiGLUMistake,), {"combine": staticmethod(combine)})
+    """A mistaken SwiGLU whose forward is ``combine(x, W1, W3, W2)`` (the layers)."""
+
+    class SwiGLU(_SwiGLUMistake):
+        def forward(self, x):
+            return combine(x, self.W1, self.W3, self.W2)
+
+    return SwiGLU
 
 
 SWIGLU_MISTAKES = tuple(Mistake(label, hint, _swiglu_mistake(fn), frozenset({SW_VALUES})) for label, hint, fn in (
