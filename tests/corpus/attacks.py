@@ -136,6 +136,10 @@ ATTACKS = [
             del sys.modules[_name]  # new objects: not the ones the grader was told of
         _fresh = importlib.import_module("firstprinciples.reference")
      '''), "extra": [], "score": 0, "reason": REFUSED, "flag": "internals"},
+    # A course implementation kept outside the reference (issue 38: the old checks' reference_rmsnorm).
+    # Since modern_block is declared, no such function exists: the import fails in the kernel (no
+    # module), and the re-check's runner refuses every module of firstprinciples.checks but the
+    # student-facing messages, so RMSNorm is never defined and its three points are lost.
     {"id": "atk_checks_reference_rmsnorm", "assignment": "modern_block", "answers": {"RMSNorm": _c('''
         import torch
         from torch import nn
@@ -149,7 +153,7 @@ ATTACKS = [
 
             def forward(self, x):  # the course's own implementation, kept in its checks
                 return _mb.reference_rmsnorm(x, self.weight, self.eps)
-     ''')}, "extra": [], "score": 9, "reason": "course's reference", "flag": "internals"},
+     ''')}, "extra": [], "score": 9, "reason": REFUSED, "flag": "internals"},
     # The residual route, named in docs/design/threat-model.md: the runner's own code runs in the
     # student's process, so a student who walks its frames can write the whole report (outputs
     # computed with the built-in, nothing seen) and end the runner. It needs the in-kernel tests

@@ -53,7 +53,7 @@ import numpy as np
 from ... import exercises
 from .. import wire
 
-MODULES = ("multihead", "block", "encoder_decoder", "capstone", "modern_block")
+MODULES = ("multihead", "block", "encoder_decoder", "capstone")
 
 REGISTRY: dict[str, "Probe"] = {}
 
