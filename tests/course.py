@@ -82,17 +82,19 @@ def nbgrader(course: Path, *args: str, timeout: float = 900, env: dict | None = 
     return proc
 
 
-def as_student_code(obj):
+def as_student_code(obj, names: dict | None = None):
     """A course reference as a student would have it: compiled from its source text in a
     notebook cell of its own (the trusted re-check recognises the reference by where its
-    code comes from, so ``reference.X.__wrapped__`` counts as the course's own code)."""
+    code comes from, so ``reference.X.__wrapped__`` counts as the course's own code).
+    ``names``: the notebook's objects it calls instead of the course's (a student's
+    cross_attention calls the notebook's scaled_dot_product_attention)."""
     import inspect
     import textwrap
 
     target = inspect.unwrap(obj)
     lines = textwrap.dedent(inspect.getsource(target)).splitlines()
     source = "\n".join(line for line in lines if not line.startswith("@reference_piece"))
-    namespace = dict(sys.modules[target.__module__].__dict__)
+    namespace = {**sys.modules[target.__module__].__dict__, **(names or {})}
     exec(compile(source, f"<cell {target.__name__!r}>", "exec"), namespace)
     return namespace[target.__name__]
 
