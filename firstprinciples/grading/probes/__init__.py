@@ -53,7 +53,7 @@ import numpy as np
 from ... import exercises
 from .. import wire
 
-MODULES = ("multihead", "block", "kv_cache", "encoder_decoder", "capstone", "modern_block")
+MODULES = ("multihead", "block", "kv_cache", "capstone", "modern_block")
 
 REGISTRY: dict[str, "Probe"] = {}
 
