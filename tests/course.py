@@ -99,6 +99,18 @@ def as_student_code(obj, names: dict | None = None):
     return namespace[target.__name__]
 
 
+def course_pieces(assignment: str) -> dict:
+    """piece -> the course's implementation of it, written as a student would in the notebook of a
+    declared ``assignment`` (``as_student_code``): a piece that calls another of the notebook
+    (cross_attention calls scaled_dot_product_attention) calls the notebook's, not the course's."""
+    from firstprinciples import exercises
+
+    done: dict = {}
+    for exercise in exercises.pieces(assignment):
+        done[exercise.piece] = as_student_code(exercise.reference_piece(), done)
+    return done
+
+
 def with_answer(nb, grade_id: str, source: str):
     """A copy of ``nb`` whose answer cell ``grade_id`` holds ``source``."""
     nb = nbformat.from_dict(nb)

@@ -200,8 +200,8 @@ _run = runner(NAMES, ("mask",), outputs=("output", "weights"), grad=NAMES, loss_
 def _rows_moved(piece, case) -> dict:
     """For a case with ``row`` (test_roles): how far each output row moves (its largest change over
     the batch and the features) when x[:, row] changes by 1, and when the last position of the
-    context does. Fresh copies each time; None where the output is not a tensor (the comparison
-    then says what it is)."""
+    context does. Fresh copies each time; None where the output is not a (B, T_q, d_v)-like tensor
+    (the comparison then says what it is)."""
     weights = [case[n] for n in ("W_q", "W_k", "W_v")]
 
     def output(x, context):
@@ -210,14 +210,14 @@ def _rows_moved(piece, case) -> dict:
 
     x, context, row = case["x"], case["context"], int(case["row"])
     base = output(x.clone(), context.clone())
-    if type(base) is not torch.Tensor:
+    if type(base) is not torch.Tensor or base.dim() != 3:
         return {BY_X: None, BY_CONTEXT: None}
     x2, context2 = x.clone(), context.clone()
     x2[:, row] += 1.0  # one token of x changes
     context2[:, -1] += 1.0  # the last position of the context changes
     moved = {BY_X: output(x2, context.clone()), BY_CONTEXT: output(x.clone(), context2)}
-    return {k: (v.detach() - base.detach()).abs().amax(dim=(0, 2)) if type(v) is torch.Tensor else None
-            for k, v in moved.items()}
+    return {k: (v.detach() - base.detach()).abs().amax(dim=(0, 2)) if type(v) is torch.Tensor and v.shape == base.shape
+            else None for k, v in moved.items()}
 
 
 def adapter(piece, case):

@@ -24,7 +24,7 @@ import re
 import nbformat
 import pytest
 
-from course import SOLUTIONS, as_student_code, nbgrader_meta
+from course import SOLUTIONS, course_pieces, nbgrader_meta
 from firstprinciples import exercises
 from firstprinciples.grading import declared, trusted
 
@@ -51,16 +51,6 @@ def kernel_failures(exercise, piece) -> dict:
         except Exception as err:  # any exception fails a test cell
             failed[gid] = str(err)
     return failed
-
-
-def course_pieces(name: str) -> dict:
-    """piece -> the course's implementation of it, written as a student would in the notebook of
-    ``name``: a piece that calls another of the notebook (cross_attention calls
-    scaled_dot_product_attention) calls the notebook's, not the course's."""
-    done = {}
-    for exercise in exercises.pieces(name):
-        done[exercise.piece] = as_student_code(exercise.reference_piece(), done)
-    return done
 
 
 def recheck_failures(exercise, piece, seed: int) -> dict:

@@ -52,7 +52,8 @@ def message(grade_id: str, answer) -> str:
     ("test_against_torch", MISTAKES["causal mask applied to cross-attention"],
      ["output for x (2, 4, 8), context (2, 6, 8)", "causal mask applied to cross-attention"]),
     # a shape error is explained in terms of the two roles, with the case's shapes
-    ("test_worked_example", MISTAKES["keys from x"], ["Queries come from x", "context (1, 3, 4)", "cannot be multiplied"]),
+    ("test_worked_example", MISTAKES["keys from x"],
+     ["Queries come from x", "context (1, 3, 4)", "cannot be multiplied"]),
     ("test_against_torch", T.square_causal_mask, ["raised RuntimeError in your code at", "in square_causal_mask",
                                                  "Shapes on this line: s (2, 4, 6), mask (4, 4)",
                                                  "add a causal mask that does not fit"]),
@@ -201,7 +202,8 @@ def test_the_recap_is_the_attention_exercises_recap():
 def test_a_cross_attention_answer_never_fails_the_recap():
     """The recap cell is re-checked on the notebook's attention only: a wrong cross_attention leaves it
     alone, a wrong attention fails it."""
-    from test_declarations import course_pieces, notebook
+    from course import course_pieces
+    from test_declarations import notebook
 
     from firstprinciples.grading import trusted
 
