@@ -32,12 +32,14 @@ from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, Clea
                                     LimitOutput, OverwriteKernelspec, SaveAutoGrades)
 
 import nbgrader.apps.autogradeapp
+import nbgrader.apps.generateassignmentapp
 from nbgrader.coursedir import CourseDirectory
 
 import firstprinciples.grading
 
 # One copy of the course package for every process of a command (a grading-setup error otherwise).
 firstprinciples.grading.require_one_copy(os.getcwd())
+from firstprinciples.grading.exchange import KeepReleasedGenerateAssignment
 from firstprinciples.grading.execute import RobustExecute
 from firstprinciples.grading.parallel import MARKER, GraderBoundKernelManager, ParallelAutograde
 from firstprinciples.grading.sanitize import (CsvExportWithNotes, MatchNotebooks, OverwriteCellsQuietly, RestoreCells,
@@ -61,6 +63,10 @@ if os.environ.get("FP_GRADEBOOK_URL"):
 # subclass is put in that name here. Every c.Autograde.* setting applies to it, and
 # the instructor still types `nbgrader autograde <assignment>`.
 nbgrader.apps.autogradeapp.Autograde = ParallelAutograde
+# `nbgrader generate_assignment` that puts a released assignment back when it cannot generate it
+# again (a test cell added once there are submissions, say): nbgrader deletes it first, and the class
+# was left without its notebooks (firstprinciples.grading.exchange).
+nbgrader.apps.generateassignmentapp.GenerateAssignment = KeepReleasedGenerateAssignment
 # c.Autograde.workers = 2  # grading processes; default: $FP_GRADING_WORKERS, else two a core as the memory allows
 # A kernel dies with the grading process that started it (even on kill -9), so a
 # killed run leaves no kernel waiting forever.
@@ -122,7 +128,11 @@ c.ExchangeFactory.release_feedback = "firstprinciples.grading.exchange.TolerantR
 # zip_collect: an LMS's time stamps (2026-12-03-14-30-00) read whole, and one unreadable stamp
 # costs that file its time stamp (with a warning), never the collection of the class.
 c.ZipCollectApp.collector_plugin = "firstprinciples.grading.exchange.StampedFileNameCollector"
-# c.Exchange.root = "/srv/nbgrader/exchange"  # nbgrader's default exchange folder
+# The exchange folder (release_assignment, the students' fetch_assignment and submit, collect,
+# release_feedback): one folder every student and instructor can write, set up once
+# (docs/instructors/grading-round.md): $FP_EXCHANGE, else nbgrader's /srv/nbgrader/exchange.
+if os.environ.get("FP_EXCHANGE"):
+    c.Exchange.root = os.environ["FP_EXCHANGE"]
 # Formgrader's autograde button grades in a subprocess (the same `nbgrader autograde` as on the
 # command line) while the Jupyter server keeps answering, and its dialog shows the score and the
 # notes. Only when the formgrader loads this file: the command line does not import the server.

@@ -111,6 +111,76 @@ def course_pieces(assignment: str) -> dict:
     return done
 
 
+def _recoded(code):
+    """``code`` as if compiled from a student's cell: another file name and constants of its own (a
+    marker appended), nested code included; the bytecode and behaviour unchanged."""
+    import types
+
+    consts = tuple(_recoded(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename="<answer>", co_consts=(*consts, "<answer>"))
+
+
+def as_answer(obj):
+    """A declared mistake (a function or a class of a declaration, ``firstprinciples.exercises.<name>``)
+    as a student's own code: the same behaviour, not the course's objects. The re-check forbids the
+    declarations' own code (mistakes, and the correct helpers some are built on) except the adapters:
+    an answer must not borrow them. The harness grades a mistake's behaviour, as a student who wrote
+    it would be graded: so every function and class of its module is copied, recoded
+    (``_recoded``), into a namespace of the copies, and the copy of ``obj`` is returned. Anything
+    else is returned as it is."""
+    import types
+
+    module = str(getattr(obj, "__module__", ""))
+    if not module.startswith("firstprinciples.exercises.") or not isinstance(obj, (type, types.FunctionType)):
+        return obj
+    namespace = dict(sys.modules[module].__dict__)
+    copies: dict = {}
+
+    def ours(value) -> bool:
+        return isinstance(value, (type, types.FunctionType)) and getattr(value, "__module__", None) == module
+
+    def function(f, class_cells=None):
+        code = _recoded(f.__code__)
+        cells = []
+        for name, cell in zip(code.co_freevars, f.__closure__ or ()):
+            if name == "__class__" and class_cells is not None:  # (zero-argument super() finds the class here)
+                cell = types.CellType()
+                class_cells.append(cell)
+            else:
+                try:
+                    inner = cell.cell_contents
+                except ValueError:  # (an empty cell)
+                    inner = None
+                if ours(inner):
+                    cell = types.CellType(copy(inner))
+            cells.append(cell)
+        new = types.FunctionType(code, namespace, f.__name__, f.__defaults__, tuple(cells) or None)
+        new.__kwdefaults__ = f.__kwdefaults__
+        return new
+
+    def copy(value):
+        if not ours(value):
+            return value
+        if id(value) in copies:
+            return copies[id(value)]
+        if isinstance(value, types.FunctionType):
+            copies[id(value)] = value  # (a closure that holds itself keeps the original)
+            copies[id(value)] = function(value)
+            return copies[id(value)]
+        class_cells: list = []
+        body = {k: function(v, class_cells) if isinstance(v, types.FunctionType) else v
+                for k, v in vars(value).items() if k not in ("__dict__", "__weakref__")}
+        new = type(value)(value.__name__, tuple(copy(b) for b in value.__bases__), body)
+        for cell in class_cells:
+            cell.cell_contents = new
+        copies[id(value)] = new
+        return new
+
+    for key, value in list(namespace.items()):
+        namespace[key] = copy(value)
+    return copy(obj)
+
+
 def with_answer(nb, grade_id: str, source: str):
     """A copy of ``nb`` whose answer cell ``grade_id`` holds ``source``."""
     nb = nbformat.from_dict(nb)

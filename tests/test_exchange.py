@@ -168,3 +168,35 @@ def test_zip_collect_reads_an_lms_time_stamp_whole_and_never_stops_for_one_file(
     assert (submitted / "gus" / ASSIGNMENT / f"{NOTEBOOK}.ipynb").exists()
     assert not (submitted / "gus" / ASSIGNMENT / "timestamp.txt").exists()
     assert "'2024-13-45-99-99-99' cannot be read" in proc.stdout + proc.stderr
+
+
+def test_a_release_that_cannot_be_generated_again_is_kept(tmp_path):
+    """Adding a test cell once an assignment has submissions is refused by nbgrader's gradebook; the
+    release folder nbgrader removed first is put back as it was (stock nbgrader leaves the class
+    without its notebook), the command fails and says why, and the other assignments are untouched."""
+    from nbgrader.api import Gradebook
+
+    course = make_course(tmp_path)
+    nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
+    nbgrader(course, "generate_assignment", "causal_mask", "--force")
+    released = course / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
+    before = released.read_bytes()
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id=COURSE_ID) as gb:
+        gb.add_student("ada")
+        gb.add_submission(ASSIGNMENT, "ada")
+    source = course / "solutions" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
+    nb = nbformat.read(source, as_version=4)
+    test = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_dims")
+    extra = nbformat.from_dict(test)
+    extra.metadata["nbgrader"]["grade_id"], extra.metadata["nbgrader"]["points"] = "test_more", 1
+    extra["id"] = "test-more"
+    nb.cells.append(extra)
+    nbformat.write(nb, source)
+
+    for args in ((ASSIGNMENT, "--force"), ("*", "--force")):
+        result = nbgrader(course, "generate_assignment", *args, check=False)
+        log = result.stdout + result.stderr
+        assert result.returncode != 0, log
+        assert "Cannot add or remove cells" in log and "the notebooks released before are kept" in log, log
+        assert released.read_bytes() == before, args
+        assert (course / "exercises" / "causal_mask" / "causal_mask.ipynb").exists()

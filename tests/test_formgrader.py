@@ -21,6 +21,7 @@ import urllib.request
 import nbformat
 import pytest
 
+import docpages
 from course import SOLUTIONS, make_course, nbgrader, scratch
 from test_instructor_roundtrip import fill, solution_answers
 
@@ -67,9 +68,10 @@ def prepare(tmp, stock=False):
     return course
 
 
-def start_server(course):
+def start_server(course, extra_env=None):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("NBGRADER")}
+    env.update(extra_env or {})
     scratch(course).mkdir(exist_ok=True)
     env.update(TMPDIR=str(scratch(course)), JUPYTER_RUNTIME_DIR=str(scratch(course) / "runtime"))
     log = open(course.parent / "server.log", "w")
@@ -167,3 +169,28 @@ def test_stock_dialog_is_a_log(stock):
     """nbgrader's dialog text: the captured log, no score."""
     result = json.loads(stock[0]["body"])
     assert "Score:" not in result.get("log", "") and "[INFO]" in result.get("log", "")
+
+
+def test_the_exchange_set_up_as_documented_opens_the_formgrader_without_a_warning(tmp_path):
+    """The exchange set-up of docs/instructors/grading-round.md, run as written (in a folder of the
+    test's own instead of /srv): the formgrader opens without nbgrader's "exchange directory does not
+    exist" warning and release_assignment writes there. A folder that cannot be made shows it."""
+    setup = next(b for b in docpages.code_blocks(docpages.text(), "bash") if "FP_EXCHANGE=" in b)
+    exchange = tmp_path / "srv" / "exchange"
+    subprocess.run(["bash", "-ec", setup.replace("/srv/nbgrader/exchange", str(exchange))], check=True)
+    assert exchange.is_dir() and exchange.stat().st_mode & 0o666 == 0o666
+    course = make_course(tmp_path)
+    nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
+    (tmp_path / "not-a-folder").write_text("")
+    pages = {}
+    for label, root in (("set up", exchange), ("impossible", tmp_path / "not-a-folder" / "exchange")):
+        proc, base = start_server(course, {"FP_EXCHANGE": str(root)})
+        try:
+            pages[label] = request(base, "/formgrader/manage_assignments")[1]
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    assert 'id="warning-exchange"' not in pages["set up"]
+    assert 'id="warning-exchange"' in pages["impossible"]  # (the check can fail)
+    nbgrader(course, "release_assignment", ASSIGNMENT, env={"FP_EXCHANGE": str(exchange)})
+    assert list(exchange.glob(f"*/outbound/{ASSIGNMENT}/{NOTEBOOK}.ipynb"))

@@ -562,6 +562,10 @@ def secret(rng: np.random.Generator) -> list:
     return out
 
 
+# every test judges draws by properties, never the reference's own draws: its stored expected results
+# keep their type, dtype and shape only
+DRAWS = dict(values=False, structure_only=True)
+
 EXERCISE = Exercise(
     name="sampling",
     piece="sample_next_token",
@@ -572,13 +576,13 @@ EXERCISE = Exercise(
     visible=_visible(),
     secret=secret,
     tests={
-        "test_greedy": Test(2, frozenset({"greedy"}), first=(unchanged, valid_tokens, greedy), values=False),
-        "test_shapes": Test(1, frozenset({"shapes"}), first=(unchanged, valid_tokens,), values=False),
-        "test_generator": Test(2, frozenset({"generator"}), first=(unchanged, valid_tokens, seeded), values=False),
+        "test_greedy": Test(2, frozenset({"greedy"}), first=(unchanged, valid_tokens, greedy), **DRAWS),
+        "test_shapes": Test(1, frozenset({"shapes"}), first=(unchanged, valid_tokens,), **DRAWS),
+        "test_generator": Test(2, frozenset({"generator"}), first=(unchanged, valid_tokens, seeded), **DRAWS),
         "test_temperature": Test(2, frozenset({"temperature"}), first=(unchanged, valid_tokens,), then=(frequencies,),
-                                 values=False),
-        "test_top_k": Test(2, frozenset({"top_k"}), first=(unchanged, valid_tokens,), then=(frequencies,), values=False),
-        "test_top_p": Test(3, frozenset({"top_p"}), first=(unchanged, valid_tokens,), then=(frequencies,), values=False),
+                                 **DRAWS),
+        "test_top_k": Test(2, frozenset({"top_k"}), first=(unchanged, valid_tokens,), then=(frequencies,), **DRAWS),
+        "test_top_p": Test(3, frozenset({"top_p"}), first=(unchanged, valid_tokens,), then=(frequencies,), **DRAWS),
     },
     forbidden=dict(pieces=("sample_next_token", "next_token_probabilities"), what="the sampler"),
     mistakes=MISTAKES,

@@ -28,7 +28,41 @@ def plain_case(case: dict) -> dict:
 
 
 def _arrays(encoded: dict) -> dict:
-    return {k: wire.array(v) for k, v in encoded.items() if wire.is_array(v)}
+    """The arrays of encoded results (a stored structure without data, ``stored_form``, left out)."""
+    return {k: wire.array(v) for k, v in encoded.items() if wire.is_array(v) and v["data"] is not None}
+
+
+def _structure(encoded: dict) -> dict:
+    """An encoded result without its numbers: type, dtype and shape (``data`` None), items alike."""
+    if wire.is_array(encoded):
+        return {**encoded, "data": None}
+    if isinstance(encoded.get("items"), list):
+        return {**encoded, "items": [_structure(e) for e in encoded["items"]]}
+    return encoded
+
+
+def stored_form(exercise, grade_id: str, case: dict, results: dict) -> dict:
+    """The reference's results on a visible case, encoded as they are stored (``grading.store``),
+    with only what the test judges: an input left as it was is ``{"input": name}`` (the case holds
+    it), and for a test declared ``structure_only`` arrays keep their type, dtype and shape only. ``unstored`` gives the full results back."""
+    inputs = tensors(case)
+    out = {}
+    for key, value in results.items():
+        encoded = wire.encode(value)
+        name = key[: -len(AFTER)]
+        if key.endswith(AFTER) and name in inputs and encoded == wire.encode(inputs[name]):
+            encoded = {"input": name}
+        elif exercise.tests[grade_id].structure_only:
+            encoded = _structure(encoded)
+        out[key] = encoded
+    return out
+
+
+def unstored(case: dict, want: dict) -> dict:
+    """Stored results (``stored_form``) as the judgement takes them: each input named, encoded."""
+    inputs = tensors(case)
+    return {k: wire.encode(inputs[v["input"]]) if isinstance(v, dict) and set(v) == {"input"} else v
+            for k, v in want.items()}
 
 
 def judge(exercise, test, case: dict, got: dict, want: dict, *, show: bool = True) -> str | None:
@@ -123,6 +157,7 @@ def run_test(exercise, grade_id: str, piece) -> None:
         reference = exercise.reference_piece()
         stored = [{k: wire.encode(v) for k, v in exercise.adapter(reference, tensors(case)).items()} for case in cases]
     for case, want in zip(cases, stored):
+        want = unstored(case, want)
         try:
             out = call_without(exercise.adapter, (piece, tensors(case)), **exercise.forbidden)
         except ForbiddenCall:

@@ -1,4 +1,4 @@
-"""The exchange, for a class whose submissions come by several paths.
+"""The exchange, for a class whose submissions come by several paths, and the release they start from.
 
 Submissions reach ``submitted/<student>/<assignment>/`` by hand, by
 ``nbgrader zip_collect`` or through the exchange (``nbgrader collect``). Only
@@ -34,6 +34,7 @@ import os
 import re
 import shutil
 
+from nbgrader.converters import GenerateAssignment
 from nbgrader.exchange.default.release_feedback import ExchangeReleaseFeedback
 from nbgrader.plugins import FileNameCollectorPlugin
 from nbgrader.utils import notebook_hash
@@ -146,3 +147,42 @@ class StampedFileNameCollector(FileNameCollectorPlugin):
             else:
                 info["timestamp"] = stamp
         return info
+
+
+class KeepReleasedGenerateAssignment(GenerateAssignment):
+    """``nbgrader generate_assignment`` that never leaves a class without its released notebooks.
+
+    nbgrader 0.9.6 removes an assignment's release folder before it generates it again (``--force``,
+    or a source newer than the release: ``BaseConverter.init_destination``) and once more when that
+    fails (``convert_notebooks``'s ``_handle_failure``). It fails, for instance, when a test cell is
+    added to an assignment that has submissions (``SaveCells``: "Cannot add or remove cells ...
+    because there are submissions associated with it"): the class was left with no released
+    notebook at all. Here every release folder the command removed and could not write again is put
+    back as it was, with a message that says so; the command still fails, with nbgrader's reason.
+    Put in place of nbgrader's class by ``nbgrader_config.py``, as ``ParallelAutograde`` is.
+    """
+
+    def convert_notebooks(self) -> None:
+        import tempfile
+
+        release = os.path.join(self.coursedir.root, self.coursedir.release_directory)
+        with tempfile.TemporaryDirectory(prefix="release-") as kept:
+            saved = os.path.join(kept, "release")
+            if os.path.isdir(release):
+                shutil.copytree(release, saved, symlinks=True)
+            try:
+                super().convert_notebooks()
+            finally:
+                self._put_back(saved, release)
+
+    def _put_back(self, saved: str, release: str) -> None:
+        """Each assignment folder of ``saved`` that is no longer in ``release``, copied back."""
+        if not os.path.isdir(saved):
+            return
+        for name in sorted(os.listdir(saved)):
+            if os.path.exists(os.path.join(release, name)):
+                continue
+            shutil.copytree(os.path.join(saved, name), os.path.join(release, name), symlinks=True)
+            self.log.error("%s was not generated again: the notebooks released before are kept as they were, in %s "
+                           "(students still have what they were given). Fix the error above and run the command "
+                           "again.", name, os.path.join(release, name))

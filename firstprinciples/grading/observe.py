@@ -182,20 +182,25 @@ class Table:
     ids: dict = field(default_factory=dict)
     places: dict = field(default_factory=dict)
 
-    def add(self, code, name: str) -> None:
-        for c in _codes(code):
-            if c.co_consts:  # (the empty tuple is one object shared by all code without constants)
-                self.ids[f"{id(c.co_consts)}:{digest(c)}"] = name
-            if place(c):
+    def add(self, code, name: str, nested: bool = True, unless: "Table | None" = None) -> None:
+        """Add ``code`` (and, with ``nested``, the code nested in it) under ``name``, except the
+        identities and places that ``unless`` holds."""
+        for c in _codes(code) if nested else (code,):
+            key = f"{id(c.co_consts)}:{digest(c)}"
+            if c.co_consts and not (unless and key in unless.ids):  # (the empty tuple is shared by all code without constants)
+                self.ids[key] = name
+            if place(c) and not (unless and place(c) in unless.places):
                 self.places[place(c)] = name
 
 
-def forbidden_python(torch_patterns=(), pieces=()) -> Table:
+def forbidden_python(torch_patterns=(), pieces=(), declaration: str = "") -> Table:
     """Every Python function that a piece must not call: torch.nn's functions and classes whose
     qualified name holds one of ``torch_patterns``, the course's reference pieces named in
     ``pieces``, and every implementation the course keeps for its own tests (the checks' and the
-    probes' reference functions and models), whatever the piece (computed once per set of names)."""
-    key = (tuple(torch_patterns), tuple(pieces))
+    probes' reference functions and models, the declarations' code but the adapters of
+    ``declaration``'s pieces, or of every declaration where none is named), whatever the piece
+    (computed once per set of names)."""
+    key = (tuple(torch_patterns), tuple(pieces), declaration)
     if key not in _FORBIDDEN:
         _FORBIDDEN[key] = _forbidden_python(*key)
     return _FORBIDDEN[key]
@@ -266,7 +271,59 @@ def _course_implementations() -> list:
     return out
 
 
-def _forbidden_python(torch_patterns, pieces) -> Table:
+def _reach(obj, seen: set, module_prefix: str) -> None:
+    """Every code object that ``obj`` (a function or class) may run among the modules under
+    ``module_prefix``: its own code and the code nested in it, the functions it keeps in its closure
+    and the functions and classes of those modules that its code names as globals, transitively."""
+    for f in _functions(obj) if isinstance(obj, type) else [obj]:
+        if not isinstance(f, types.FunctionType) or f.__code__ in seen:
+            continue
+        codes = list(_codes(f.__code__))
+        seen.update(codes)
+        for cell in f.__closure__ or ():
+            try:
+                inner = cell.cell_contents
+            except ValueError:
+                continue
+            if isinstance(inner, (types.FunctionType, type)):
+                _reach(inner, seen, module_prefix)
+        for name in {n for c in codes for n in c.co_names}:
+            value = f.__globals__.get(name)
+            if isinstance(value, (types.FunctionType, type)) and str(value.__module__).startswith(module_prefix):
+                _reach(value, seen, module_prefix)
+
+
+def _declarations_own_code(declaration: str = "") -> tuple:
+    """(code, name) of every function the declarations define (``firstprinciples.exercises.<name>``,
+    their classes' methods and the code nested in them) except what their adapters run: the
+    declared mistakes, right on some inputs (softmax's "dim ignored" on the last dim), and the
+    correct helpers some mistakes are built on (rnn's ``_states``, tiled attention's
+    ``_correct_blocks``): an answer that calls one borrows the course's code. And the identities and
+    places of the adapters' code, which the runner calls around the piece (never forbidden, even
+    where a forbidden code shares their constants): of ``declaration``'s pieces, or of every
+    declaration where none is named (a runner of pieces not declared)."""
+    import importlib
+
+    from .. import exercises
+
+    allowed: set = set()
+    for exercise in exercises.pieces(declaration) if declaration else exercises.all_pieces():
+        _reach(exercise.adapter, allowed, exercises.__name__)
+    out, seen = [], set()
+    for name in exercises.NAMES:
+        module = importlib.import_module(f"{exercises.__name__}.{name}")
+        roots = [v for v in vars(module).values() if getattr(v, "__module__", None) == module.__name__]
+        roots += [m.fn for e in exercises.pieces(name) for m in e.mistakes]
+        for root in roots:
+            for f in _functions(root) if isinstance(root, (type, types.FunctionType)) else ():
+                for c in _codes(f.__code__):
+                    if c not in allowed and c not in seen and c.co_filename == module.__file__:
+                        seen.add(c)
+                        out.append((c, f"{module.__name__}.{c.co_qualname}"))
+    return out, allowed
+
+
+def _forbidden_python(torch_patterns, pieces, declaration) -> Table:
     import firstprinciples.reference as reference
 
     table = Table()
@@ -285,6 +342,12 @@ def _forbidden_python(torch_patterns, pieces) -> Table:
         module = sys.modules.get(qual.rpartition(".")[0]) or sys.modules.get(qual.rsplit(".", 2)[0])
         if module is not None and code.co_filename == getattr(module, "__file__", None):  # (not a shared wrapper)
             table.add(code, qual)
+    own, allowed = _declarations_own_code(declaration)
+    keep = Table()
+    for code in allowed:
+        keep.add(code, "", nested=False)
+    for code, qual in own:
+        table.add(code, qual, nested=False, unless=keep)
     return table
 
 

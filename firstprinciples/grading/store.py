@@ -11,16 +11,17 @@ import json
 import sys
 
 from ..exercises import NAMES, expected, pieces
-from . import declared, wire
+from . import declared
 
 
 def compute(assignment: str) -> dict:
-    """piece -> grade_id -> the reference's encoded results on each visible case, in order."""
+    """piece -> grade_id -> the reference's encoded results on each visible case, in order, as stored
+    (``declared.stored_form``: what the test judges)."""
     out: dict = {}
     for exercise in pieces(assignment):
         reference = exercise.reference_piece()
         out[exercise.piece] = {
-            gid: [{k: wire.encode(v) for k, v in exercise.adapter(reference, declared.tensors(case)).items()}
+            gid: [declared.stored_form(exercise, gid, case, exercise.adapter(reference, declared.tensors(case)))
                   for case in exercise.cases(gid)]
             for gid in exercise.tests}
     return out

@@ -585,7 +585,8 @@ def _outcome(check: Check, report: dict, machinery) -> Outcome:
             names = sorted({str(h[0]) for h in hits}, key=lambda n: (n.startswith(("aten::", "autograd::")), n))
             where = f" ({located[1]})" if located else ""
             what = located[0] if located else names[0]
-            kind = "the course's reference" if what.startswith("firstprinciples.") else "a built-in"
+            kind = ("the course's own code (kept for its tests)" if what.startswith("firstprinciples.exercises.")
+                    else "the course's reference" if what.startswith("firstprinciples.") else "a built-in")
             found.append({"error": f"it calls {what}{where}, {kind} that this piece must not use (you are asked to "
                                    "write it yourself)", "forbidden": True})
         elif not isinstance(res.get("outputs"), dict):

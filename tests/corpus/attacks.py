@@ -71,6 +71,14 @@ ATTACKS = [
         from firstprinciples.grading import probes
         probes.load()["softmax"].forbidden.clear()  # the runner used to read the probe's forbidden names
      '''), "extra": [], "score": 0, "reason": REFUSED, "flag": "internals"},
+    # a declared mistake is right on some inputs (softmax's "dim ignored" on the last dim): borrowed from
+    # the declaration, it passes those of the notebook's tests; the re-check recognises the course's code
+    {"id": "atk_borrows_declared_mistake", "assignment": "softmax", "answers": _softmax('''
+        return _borrowed(x, dim) if dim in (-1, x.dim() - 1) else x.clone()
+     ''', '''
+        from firstprinciples.exercises import softmax as _declared
+        _borrowed = next(m.fn for m in _declared.MISTAKES if m.label == "dim ignored")
+     '''), "extra": [], "score": 0, "reason": FORBIDDEN},
     {"id": "atk_replaces_registry_entry", "assignment": "causal_mask", "answers": {"causal_mask": _c('''
         import dataclasses
         import torch
@@ -363,6 +371,11 @@ ATTACKS = [
         os._exit(0)
      ''', "import os"), "extra": [], "score": 0, "reason": "softmax"},
     # ------------------------------------------------ other exercises, other built-ins
+    # a declaration keeps correct helpers for its mistakes (rnn's right recurrence, which "h0 ignored"
+    # calls with zeros): imported from the declaration, it would be a whole answer
+    {"id": "atk_borrows_declaration_helper", "assignment": "rnn", "answers": {"rnn_forward": _c('''
+        from firstprinciples.exercises.rnn import _states as rnn_forward
+     ''')}, "extra": [], "score": 0, "reason": FORBIDDEN},
     {"id": "atk_rnn_module", "assignment": "rnn", "answers": {"rnn_forward": _c('''
         import torch
         from torch import nn

@@ -24,7 +24,7 @@ import re
 import nbformat
 import pytest
 
-from course import SOLUTIONS, course_pieces, nbgrader_meta
+from course import SOLUTIONS, as_answer, course_pieces, nbgrader_meta
 from firstprinciples import exercises
 from firstprinciples.grading import declared, trusted
 
@@ -55,9 +55,10 @@ def kernel_failures(exercise, piece) -> dict:
 
 def recheck_failures(exercise, piece, seed: int) -> dict:
     """grade_id -> the trusted re-check's reason for failing it, among this piece's tests (the
-    notebook's other pieces are the course's, written as a student would)."""
+    notebook's other pieces are the course's, written as a student would: ``course_pieces``; a declared
+    mistake is graded as the student's own code: ``as_answer``)."""
     namespace = course_pieces(exercise.name)
-    verdicts = trusted.local_verdicts(notebook(exercise.name), {**namespace, exercise.piece: piece}, seed)
+    verdicts = trusted.local_verdicts(notebook(exercise.name), {**namespace, exercise.piece: as_answer(piece)}, seed)
     return {gid: why for gid, why in verdicts.items() if why and gid in exercise.tests}
 
 
@@ -179,6 +180,7 @@ def test_the_stored_expected_results_are_the_references(name):
     stored = expected.stored(name)
     assert stored is not None, f"no stored results: python -m firstprinciples.grading.store {name}"
     now = store.compute(name)
+    declared_pieces = {e.piece: e for e in exercises.pieces(name)}
     assert sorted(stored) == sorted(now), "regenerate: python -m firstprinciples.grading.store"
     for piece, tests in now.items():
         assert sorted(stored[piece]) == sorted(tests), piece
@@ -187,7 +189,8 @@ def test_the_stored_expected_results_are_the_references(name):
             for i, (old, new) in enumerate(zip(stored[piece][gid], cases)):
                 assert sorted(old) == sorted(new), (piece, gid, i)
                 for key in new:
-                    why = compare.compare(key, old[key], new[key])
+                    values = not declared_pieces[piece].tests[gid].structure_only  # (stored without numbers)
+                    why = compare.compare(key, old[key], new[key], values=values)
                     assert why is None, f"{piece} {gid} case {i}: {why} (python -m firstprinciples.grading.store)"
 
 

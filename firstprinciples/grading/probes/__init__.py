@@ -106,7 +106,8 @@ class Probe:
 
     def watch(self) -> dict:
         return {"torch_patterns": tuple(self.forbidden.get("torch_patterns", ())),
-                "pieces": tuple(self.forbidden.get("pieces", ()))}
+                "pieces": tuple(self.forbidden.get("pieces", ())),
+                "declaration": self.declared.name if self.declared is not None else ""}
 
 
 def needed(probe: Probe, namespace: dict) -> dict:
