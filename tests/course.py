@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -82,33 +83,43 @@ def nbgrader(course: Path, *args: str, timeout: float = 900, env: dict | None = 
     return proc
 
 
-def as_student_code(obj, names: dict | None = None):
+def as_student_code(obj):
     """A course reference as a student would have it: compiled from its source text in a
     notebook cell of its own (the trusted re-check recognises the reference by where its
-    code comes from, so ``reference.X.__wrapped__`` counts as the course's own code).
-    ``names``: the notebook's objects it calls instead of the course's (a student's
-    cross_attention calls the notebook's scaled_dot_product_attention)."""
+    code comes from, so ``reference.X.__wrapped__`` counts as the course's own code)."""
     import inspect
     import textwrap
 
     target = inspect.unwrap(obj)
     lines = textwrap.dedent(inspect.getsource(target)).splitlines()
     source = "\n".join(line for line in lines if not line.startswith("@reference_piece"))
-    namespace = {**sys.modules[target.__module__].__dict__, **(names or {})}
+    namespace = dict(sys.modules[target.__module__].__dict__)
+    # the course's other pieces it calls (MultiHeadAttention's split_heads, merge_heads and attention)
+    # as a student's notebook has them too: their own cells, not the course's
+    _BUILDING.add(target)
+    try:
+        for name, value in list(namespace.items()):
+            if (_is_reference_piece(value) and inspect.unwrap(value) not in _BUILDING
+                    and re.search(rf"\b{name}\b", source)):
+                namespace[name] = as_student_code(value)
+    finally:
+        _BUILDING.discard(target)
     exec(compile(source, f"<cell {target.__name__!r}>", "exec"), namespace)
     return namespace[target.__name__]
 
 
-def course_pieces(assignment: str) -> dict:
-    """piece -> the course's implementation of it, written as a student would in the notebook of a
-    declared ``assignment`` (``as_student_code``): a piece that calls another of the notebook
-    (cross_attention calls scaled_dot_product_attention) calls the notebook's, not the course's."""
-    from firstprinciples import exercises
+_BUILDING: set = set()  # the pieces being compiled (two pieces that name each other are compiled once each)
 
-    done: dict = {}
-    for exercise in exercises.pieces(assignment):
-        done[exercise.piece] = as_student_code(exercise.reference_piece(), done)
-    return done
+
+def _is_reference_piece(value) -> bool:
+    """A function or class marked ``@reference_piece`` (a wrapper, or a class whose forward is wrapped)."""
+    import inspect
+
+    if inspect.isclass(value):
+        marked = getattr(value.__dict__.get("forward"), "__wrapped__", None) is not None
+    else:
+        marked = inspect.isfunction(value) and getattr(value, "__wrapped__", None) is not None
+    return marked and inspect.unwrap(value).__module__.startswith("firstprinciples.reference")
 
 
 def _recoded(code):

@@ -1,7 +1,8 @@
 """The trusted re-check of the pieces not yet declared: the audit of the re-checks that compare no values.
 
-(The declared pieces, tests/exercises/test_declarations.py runs through both runners; cross_attention's
-tests that judge no values, tests/exercises/test_encoder_decoder.py.)
+(The declared pieces, tests/exercises/test_declarations.py runs through both runners; the tests that judge
+no values of attention, multi-head attention and cross-attention, tests/exercises/test_attention.py,
+test_multi_head_attention.py and test_encoder_decoder.py.)
 """
 from __future__ import annotations
 
@@ -13,16 +14,13 @@ from __future__ import annotations
 # (gradcheck; the gradient cells that compare with the reference or torch, softmax's, the KV cache's and
 # the KV step's, are compared in "values" mode). So an answer with the right structure and property but wrong
 # values keeps such a cell, in the kernel as in the re-check, and loses the cells that do compare values.
-# (attention's, declared, are tested in tests/exercises/test_attention.py.)
 import pytest  # noqa: E402
 
 import test_checks_block as Bk  # noqa: E402
 import test_checks_capstone as Cap  # noqa: E402
-import test_checks_multihead as M  # noqa: E402
 from checktable import outcome  # noqa: E402
 from firstprinciples.checks import block as Bk_checks  # noqa: E402
 from firstprinciples.checks import capstone as Cap_checks  # noqa: E402
-from firstprinciples.checks import multihead as M_checks  # noqa: E402
 from probetable import trusted_failures  # noqa: E402
 
 
@@ -60,10 +58,6 @@ def _cell(*checks):
 
 AUDIT = {
     # id: (notebook, piece, answer, base, (structure cell, its checks), a values cell it loses)
-    "MultiHeadAttention gradients": (
-        "multi_head_attention/multi_head_attention.ipynb", "MultiHeadAttention", _module_doubled(M.GoodMHA), {},
-        ("test_mha_gradients_and_inputs", _cell(M_checks.check_mha_gradients_and_inputs)),
-        "test_mha_against_reference"),
     "TransformerBlock gradients": (
         "transformer_block/transformer_block.ipynb", "TransformerBlock", _module_doubled(Bk.GoodBlock), {},
         ("test_block_gradients_and_inputs", _cell(Bk_checks.check_block_gradients_and_inputs)),

@@ -1,12 +1,11 @@
-"""The trusted re-check of the multi-head, transformer-block and KV-cache pieces agrees with their checks.
+"""The trusted re-check of the transformer-block and KV-cache pieces agrees with their checks.
 
 For each piece: every correct answer and every variant of the matching table
-(tests/test_checks_multihead.py, _block, _kv_cache) gets, per test cell, the
+(tests/test_checks_block.py, _kv_cache) gets, per test cell, the
 trusted verdict its checks give (the cell -> check names maps below are read
 off the notebooks' test cells). The later notebooks' 1-point recap cells are
 covered too, in the notebook where they appear: they have grade_ids of their
-own (``recap_split_heads``, ``recap_merge_heads``, ``recap_feed_forward``,
-``recap_kv_cache``, ...) and the re-check grades them as leniently as their
+own (``recap_feed_forward``, ``recap_kv_cache``, ...) and the re-check grades them as leniently as their
 visible checks, with no difference.
 """
 from __future__ import annotations
@@ -15,47 +14,18 @@ import functools
 
 import nbformat
 import pytest
-from course import SOLUTIONS, as_student_code
+from course import SOLUTIONS
 from probetable import agreement_test
 
 import test_checks_block as Bk
 import test_checks_kv_cache as C
-import test_checks_multihead as M
 from firstprinciples import reference
 from firstprinciples.grading import trusted, wire
 from firstprinciples.grading.runtime import report
 
-MHA_NB = "multi_head_attention/multi_head_attention.ipynb"
 BLOCK_NB = "transformer_block/transformer_block.ipynb"
 KV_NB = "kv_cache/kv_cache.ipynb"
 CAPSTONE_NB = "capstone/capstone.ipynb"
-
-# ====================================================================== split_heads, merge_heads
-SPLIT_CORRECT = {"unflatten and permute": M.good_split, "reference": as_student_code(reference.split_heads)}
-MERGE_CORRECT = {"permute and flatten": M.good_merge, "cat of heads": M.merge_cat_of_heads,
-                 "reference": as_student_code(reference.merge_heads)}
-
-test_split_heads_agrees = agreement_test(
-    MHA_NB, "split_heads", {"test_split_heads": {"split", "split_visible"}}, SPLIT_CORRECT, M.SPLIT_VARIANTS, {})
-test_merge_heads_agrees = agreement_test(
-    MHA_NB, "merge_heads", {"test_merge_heads": {"merge", "merge_visible"}}, MERGE_CORRECT, M.MERGE_VARIANTS, {})
-test_split_heads_recap_agrees = agreement_test(
-    BLOCK_NB, "split_heads", {"recap_split_heads": {"split_visible"}}, SPLIT_CORRECT, M.SPLIT_VARIANTS, {})
-test_merge_heads_recap_agrees = agreement_test(
-    CAPSTONE_NB, "merge_heads", {"recap_merge_heads": {"merge_visible"}}, MERGE_CORRECT, M.MERGE_VARIANTS, {})
-
-# ====================================================================== MultiHeadAttention
-MHA_CELLS = {
-    "test_mha_structure": {"structure"},
-    "test_mha_against_reference": {"reference", "reference_visible"},
-    "test_mha_masks": {"causal", "masks"},
-    "test_mha_gradients_and_inputs": {"grads", "grads_visible"},
-}
-test_mha_agrees = agreement_test(MHA_NB, "MultiHeadAttention", MHA_CELLS, {"independent": M.GoodMHA},
-                                 M.MHA_VARIANTS, {})
-test_mha_recap_agrees = agreement_test(
-    BLOCK_NB, "MultiHeadAttention", {"test_multi_head_attention": {"reference_visible"}}, {"independent": M.GoodMHA},
-    M.MHA_VARIANTS, {})
 
 # ====================================================================== FeedForward, TransformerBlock
 FFN_ALL = {"ffn_structure", "ffn_values", "ffn_values_visible", "ffn_grads"}

@@ -50,7 +50,7 @@ def test_the_solution_passes_on_every_seed(path):
 def _correct_answers():
     import importlib
 
-    from course import SOLUTIONS, course_pieces
+    from course import SOLUTIONS, as_student_code
     from firstprinciples import exercises
 
     out = []
@@ -61,7 +61,7 @@ def _correct_answers():
         for exercise in pieces:
             correct = table.CORRECT.get(exercise.piece, {}) if hasattr(table, "PIECES") else table.CORRECT
             # (the notebook's other pieces: the course's, written as a student would)
-            others = {other: fn for other, fn in course_pieces(assignment).items() if other != exercise.piece}
+            others = {o.piece: as_student_code(o.reference_piece()) for o in pieces if o is not exercise}
             out += [(notebook, exercise.piece, name, fn, others) for name, fn in correct.items()]
     return out
 

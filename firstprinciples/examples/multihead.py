@@ -1,5 +1,5 @@
 """The worked example of the chapter "Multi-head attention" and of its exercise's
-``split_heads`` (checked in ``checks.multihead``)."""
+``split_heads`` (its tests: ``exercises.multi_head_attention``)."""
 from __future__ import annotations
 
 import torch

@@ -58,7 +58,8 @@ def tolerance(dtype: str, override: dict | None = None) -> tuple:
 class Test:
     """One graded test cell: its points, the cases it runs (those whose tags share one of
     ``tags``) and the properties judged on them, each ``(case, out, want) -> reason or None`` on
-    plain data (NumPy arrays by result name; ``case["show"]`` is False for the secret cases, whose
+    plain data (NumPy arrays by result name, and numbers, strings and flags as
+    themselves; ``case["show"]`` is False for the secret cases, whose
     values a message must not print): ``first`` before the comparison with the reference
     (their message is the more useful one), ``then`` after it. ``values=False``: compare type,
     dtype and shape only (a test of shapes or of a property). ``structure_only`` (with

@@ -28,8 +28,17 @@ def plain_case(case: dict) -> dict:
 
 
 def _arrays(encoded: dict) -> dict:
-    """The arrays of encoded results (a stored structure without data, ``stored_form``, left out)."""
-    return {k: wire.array(v) for k, v in encoded.items() if wire.is_array(v) and v["data"] is not None}
+    """Encoded results as the properties get them: arrays as NumPy arrays (a stored structure without
+    data, ``stored_form``, left out), and numbers, strings and flags as themselves (a module's
+    structure, reported as plain data); None and nested values left out."""
+    out = {}
+    for k, v in encoded.items():
+        if wire.is_array(v):
+            if v["data"] is not None:
+                out[k] = wire.array(v)
+        elif isinstance(v, dict) and "items" not in v and wire.scalar(v) is not None:
+            out[k] = wire.scalar(v)
+    return out
 
 
 def _structure(encoded: dict) -> dict:

@@ -24,7 +24,7 @@ import re
 import nbformat
 import pytest
 
-from course import SOLUTIONS, as_answer, course_pieces, nbgrader_meta
+from course import SOLUTIONS, as_answer, as_student_code, nbgrader_meta
 from firstprinciples import exercises
 from firstprinciples.grading import declared, trusted
 
@@ -55,9 +55,9 @@ def kernel_failures(exercise, piece) -> dict:
 
 def recheck_failures(exercise, piece, seed: int) -> dict:
     """grade_id -> the trusted re-check's reason for failing it, among this piece's tests (the
-    notebook's other pieces are the course's, written as a student would: ``course_pieces``; a declared
-    mistake is graded as the student's own code: ``as_answer``)."""
-    namespace = course_pieces(exercise.name)
+    notebook's other pieces are the course's, written as a student would; a declared mistake is
+    graded as the student's own code: ``as_answer``)."""
+    namespace = {other.piece: as_student_code(other.reference_piece()) for other in exercises.pieces(exercise.name)}
     verdicts = trusted.local_verdicts(notebook(exercise.name), {**namespace, exercise.piece: as_answer(piece)}, seed)
     return {gid: why for gid, why in verdicts.items() if why and gid in exercise.tests}
 
@@ -127,7 +127,7 @@ def test_a_recap_is_judged_as_its_exercise_judges_it(exercise):
 @pytest.mark.parametrize("exercise", _params("exercise"))
 @pytest.mark.parametrize("seed", SEEDS)
 def test_the_reference_passes_both_runners(exercise, seed):
-    piece = course_pieces(exercise.name)[exercise.piece]
+    piece = as_student_code(exercise.reference_piece())
     if seed == SEEDS[0]:
         assert kernel_failures(exercise, piece) == {}
     assert recheck_failures(exercise, piece, seed) == {}
@@ -155,8 +155,17 @@ def test_every_mistake_fails_exactly_its_cells_and_is_named(exercise, mistake):
 @pytest.mark.parametrize("exercise, answer, in_kernel, in_recheck", _params("wrong"))
 def test_every_wrong_answer_fails_exactly_its_cells(exercise, answer, in_kernel, in_recheck):
     assert set(kernel_failures(exercise, answer)) == set(in_kernel), "in the kernel"
-    seed = SEEDS[hash(answer.__code__.co_firstlineno) % len(SEEDS)]
+    seed = SEEDS[_line(answer) % len(SEEDS)]
     assert set(recheck_failures(exercise, answer, seed)) == set(in_recheck), f"in the re-check (seed {seed})"
+
+
+def _line(answer) -> int:
+    """The line where an answer is written: a function's, or a class's (a module piece) first method's
+    (0 for a class that defines none)."""
+    code = getattr(answer, "__code__", None)
+    if code is None:  # a class
+        code = next((f.__code__ for f in vars(answer).values() if hasattr(f, "__code__")), None)
+    return code.co_firstlineno if code is not None else 0
 
 
 @pytest.mark.parametrize("exercise", _params("exercise"))

@@ -202,12 +202,12 @@ def test_the_recap_is_the_attention_exercises_recap():
 def test_a_cross_attention_answer_never_fails_the_recap():
     """The recap cell is re-checked on the notebook's attention only: a wrong cross_attention leaves it
     alone, a wrong attention fails it."""
-    from course import as_answer, course_pieces
+    from course import as_answer, as_student_code
     from test_declarations import notebook
 
     from firstprinciples.grading import trusted
 
-    base = course_pieces("encoder_decoder")
+    base = {e.piece: as_student_code(e.reference_piece()) for e in exercises.pieces("encoder_decoder")}
     nb = notebook("encoder_decoder")
     for answers, fails in (({"cross_attention": as_answer(MISTAKES["keys from x"])}, False),
                            ({"scaled_dot_product_attention": as_answer(ATTENTION_MISTAKES["no scaling"])}, True)):
