@@ -53,7 +53,7 @@ import numpy as np
 from ... import exercises
 from .. import wire
 
-MODULES = ("multihead", "block", "encoder_decoder", "capstone")
+MODULES = ("multihead", "block", "capstone")
 
 REGISTRY: dict[str, "Probe"] = {}
 
