@@ -142,16 +142,7 @@ def one_row_per_query(case, out, want):
     return None
 
 
-def rows_are_distributions(case, out, want):
-    """Every weight is finite and non-negative, and each row (a query's weights over the context)
-    sums to 1 within 1e-5: float32 sums of a few terms are exact to about 1e-6."""
-    w = out["weights"].astype(np.float64)
-    if not np.isfinite(w).all() or (w < 0).any():
-        return "the weights should all be finite and non-negative (they come out of a softmax)."
-    worst = float(np.abs(w.sum(-1) - 1).max()) if w.size else 0.0
-    if worst <= 1e-5:
-        return None
-    return f"each row of the weights should sum to 1 over the context positions (dim=-1); one is off by {worst:.6g}."
+rows_are_distributions = attention.distributions_over("the context positions")
 
 
 BY_X, BY_CONTEXT = "moved_by_x", "moved_by_context"

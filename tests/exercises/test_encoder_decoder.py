@@ -45,7 +45,7 @@ def message(grade_id: str, answer) -> str:
     ("test_worked_example", MISTAKES["softmax over the queries"], ["puts weight", "softmax over the queries"]),
     ("test_worked_example", T.attention_without_scaling, ["the first query (Cat's, [1.0, 0.5]) puts weight"]),
     ("test_shapes", MISTAKES["softmax over the queries"],
-     ["should sum to 1 over the context positions (dim=-1)", "softmax over the queries"]),
+     ["should sum to 1 (over the context positions, dim=-1)", "softmax over the queries"]),
     ("test_padding_mask", MISTAKES["mask ignored"], ["mask (2, 1, 5)", "mask ignored"]),
     ("test_padding_mask", T.mask_clamped, ["padded context positions (where the mask is -inf) must get exactly zero "
                                            "weight"]),
