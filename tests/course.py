@@ -83,7 +83,7 @@ def nbgrader(course: Path, *args: str, timeout: float = 900, env: dict | None = 
     return proc
 
 
-def as_student_code(obj):
+def as_student_code(obj, _making=()):
     """A course reference as a student would have it: compiled from its source text in a
     notebook cell of its own (the trusted re-check recognises the reference by where its
     code comes from, so ``reference.X.__wrapped__`` counts as the course's own code)."""
@@ -92,34 +92,28 @@ def as_student_code(obj):
 
     target = inspect.unwrap(obj)
     lines = textwrap.dedent(inspect.getsource(target)).splitlines()
-    source = "\n".join(line for line in lines if not line.startswith("@reference_piece"))
+    # (a method's mark too: the reference KVCache marks its append)
+    source = "\n".join(line for line in lines if not line.lstrip().startswith("@reference_piece"))
     namespace = dict(sys.modules[target.__module__].__dict__)
-    # the course's other pieces it calls (MultiHeadAttention's split_heads, merge_heads and attention)
-    # as a student's notebook has them too: their own cells, not the course's
-    _BUILDING.add(target)
-    try:
-        for name, value in list(namespace.items()):
-            if (_is_reference_piece(value) and inspect.unwrap(value) not in _BUILDING
-                    and re.search(rf"\b{name}\b", source)):
-                namespace[name] = as_student_code(value)
-    finally:
-        _BUILDING.discard(target)
+    # the course's other pieces that it uses, as a student would have them too (the KV cache's step
+    # uses attention, split_heads, merge_heads; its generate uses KVCache and the step)
+    # (``_making``: the pieces being copied already, so that two that use each other end)
+    for name, value in list(namespace.items()):
+        if (name != target.__name__ and _marked_piece(value) and inspect.unwrap(value) not in _making
+                and re.search(rf"\b{name}\b", source)):
+            namespace[name] = as_student_code(value, (*_making, target))
     exec(compile(source, f"<cell {target.__name__!r}>", "exec"), namespace)
     return namespace[target.__name__]
 
 
-_BUILDING: set = set()  # the pieces being compiled (two pieces that name each other are compiled once each)
-
-
-def _is_reference_piece(value) -> bool:
-    """A function or class marked ``@reference_piece`` (a wrapper, or a class whose forward is wrapped)."""
-    import inspect
-
-    if inspect.isclass(value):
-        marked = getattr(value.__dict__.get("forward"), "__wrapped__", None) is not None
-    else:
-        marked = inspect.isfunction(value) and getattr(value, "__wrapped__", None) is not None
-    return marked and inspect.unwrap(value).__module__.startswith("firstprinciples.reference")
+def _marked_piece(value) -> bool:
+    """A function or class of ``firstprinciples.reference`` marked with ``reference_piece`` (a class
+    through one of its methods)."""
+    if not str(getattr(value, "__module__", "")).startswith("firstprinciples.reference"):
+        return False
+    if isinstance(value, type):
+        return any(hasattr(v, "__wrapped__") for v in vars(value).values())
+    return callable(value) and hasattr(value, "__wrapped__")
 
 
 def _recoded(code):

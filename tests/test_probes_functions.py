@@ -1,29 +1,10 @@
-"""The trusted re-check of the plain-function pieces not yet declared agrees with their checks.
+"""The trusted re-check of the pieces not yet declared: the audit of the re-checks that compare no values.
 
-cross_attention: for every correct answer and every variant of its check table
-(tests/test_checks_*.py), the test cells that the trusted re-check fails are exactly
-those whose checks the variant fails.
-
-(The declared pieces, tests/exercises/test_declarations.py runs through both runners.)
+(The declared pieces, tests/exercises/test_declarations.py runs through both runners; the tests that judge
+no values of attention, multi-head attention and cross-attention, tests/exercises/test_attention.py,
+test_multi_head_attention.py and test_encoder_decoder.py.)
 """
 from __future__ import annotations
-
-from probetable import agreement_test
-
-import test_checks_encoder_decoder as ED
-from course import as_student_code
-from firstprinciples import reference
-
-
-# ---------------------------------------------------------------- cross_attention
-CROSS_CELLS = {
-    "test_scaled_dot_product_attention": set(),  # another piece's recap: a cross_attention answer never fails it
-    "test_worked_example": {"worked"}, "test_shapes": {"shapes"}, "test_roles": {"roles"},
-    "test_against_torch": {"torch"}, "test_padding_mask": {"padding"}, "test_gradients_and_inputs": {"grads"},
-}
-test_cross_attention_agrees = agreement_test(
-    "encoder_decoder/encoder_decoder.ipynb", "cross_attention", CROSS_CELLS, ED.CORRECT, ED.VARIANTS,
-    {"scaled_dot_product_attention": as_student_code(reference.scaled_dot_product_attention)})
 
 
 # ---------------------------------------------------------------- the audit of the re-checks that do not compare values
@@ -33,32 +14,12 @@ test_cross_attention_agrees = agreement_test(
 # (gradcheck; the gradient cells that compare with the reference or torch, softmax's, the KV cache's and
 # the KV step's, are compared in "values" mode). So an answer with the right structure and property but wrong
 # values keeps such a cell, in the kernel as in the re-check, and loses the cells that do compare values.
-# (attention's and multi-head attention's, declared, are tested in tests/exercises/test_attention.py and
-# tests/exercises/test_multi_head_attention.py.)
-import math  # noqa: E402
-
 import pytest  # noqa: E402
-
-import torch  # noqa: E402
 
 import test_checks_capstone as Cap  # noqa: E402
 from checktable import outcome  # noqa: E402
 from firstprinciples.checks import capstone as Cap_checks  # noqa: E402
-from firstprinciples.checks import encoder_decoder as ED_checks  # noqa: E402
 from probetable import trusted_failures  # noqa: E402
-
-
-def _sharp_attention(Q_, K, V, mask=None):
-    """Rows that are distributions, of the right shapes: the scores scaled twice too little."""
-    s = Q_ @ K.transpose(-2, -1) * 2 / math.sqrt(Q_.shape[-1]) + (0 if mask is None else mask)
-    w = torch.softmax(s, dim=-1)
-    return w @ V, w
-
-
-def _plain_attention(Q_, K, V, mask=None, doubled=False):
-    s = Q_ @ K.transpose(-2, -1) / math.sqrt(Q_.shape[-1]) + (0 if mask is None else mask)
-    w = torch.softmax(s, dim=-1)
-    return (2 if doubled else 1) * (w @ V), w
 
 
 def _doubled(fn):
@@ -87,16 +48,6 @@ def _cell(*checks):
 
 AUDIT = {
     # id: (notebook, piece, answer, base, (structure cell, its checks), a values cell it loses)
-    "cross_attention shapes": (
-        "encoder_decoder/encoder_decoder.ipynb", "cross_attention",
-        lambda x, c, W_q, W_k, W_v, mask=None: _sharp_attention(x @ W_q, c @ W_k, c @ W_v, mask),
-        {"scaled_dot_product_attention": _plain_attention},
-        ("test_shapes", _cell(ED_checks.check_shapes)), "test_against_torch"),
-    "cross_attention gradients": (
-        "encoder_decoder/encoder_decoder.ipynb", "cross_attention",
-        lambda x, c, W_q, W_k, W_v, mask=None: _plain_attention(x @ W_q, c @ W_k, c @ W_v, mask, doubled=True),
-        {"scaled_dot_product_attention": _plain_attention},
-        ("test_gradients_and_inputs", _cell(ED_checks.check_gradients_and_inputs)), "test_against_torch"),
     "StudentGPT causal": (
         "capstone/capstone.ipynb", "StudentGPT", _GPTDoubled, {},
         ("test_model_causal", _cell(Cap_checks.check_model_causal)), "test_model_forward"),

@@ -1,5 +1,5 @@
 """The recap of ``scaled_dot_product_attention`` that later notebooks run in their imports' name
-``attention_checks`` (multi_head_attention, transformer_block, encoder_decoder, capstone: their test
+``attention_checks`` (transformer_block, capstone: their test
 cell ``test_scaled_dot_product_attention``).
 
 The attention exercise itself is declared in ``firstprinciples.exercises.attention`` and its notebook

@@ -1,6 +1,6 @@
 """The worked example of the chapter "The modern block" and of its exercise's ``RMSNorm``
-(checked in ``checks.modern_block``), and the parameter count of grouped-query attention
-that the chapter and the checks use."""
+(a visible case of ``exercises.modern_block``), and the parameter count of grouped-query attention
+that the chapter and the exercise's structure test use."""
 from __future__ import annotations
 
 # One token (1, 2, 2, 4). Its mean square is 25/4, its RMS 2.5, so with weight ones the

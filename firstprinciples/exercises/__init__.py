@@ -79,13 +79,15 @@ class Mistake:
     """A typical wrong answer, with the piece's signature; named when an answer's results equal its
     results (and differ from the reference's). ``fails``: the test cells whose visible cases it fails
     (in the notebook); ``hidden``: the further test cells that only the secret cases catch (in the
-    re-check)."""
+    re-check); ``missed``: the cells of ``fails`` that the re-check does not fail (a recap cell, judged
+    there by its exercise's secret cases, which may lack the visible case that catches it)."""
 
     label: str
     hint: str
     fn: Callable
     fails: frozenset = frozenset()
     hidden: frozenset = frozenset()
+    missed: frozenset = frozenset()
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,10 @@ class Exercise:
     memory: Callable | None = None
     # the assignment whose exercise this piece is (a recap in a later notebook: ``recap``), or ""
     recap_of: str = ""
+    # names of other notebook objects the adapter uses with the piece (the KV-cache step: the notebook's
+    # own KVCache): the re-check's runner loads their cells and calls ``adapter(piece, case, namespace)``;
+    # without a namespace (the kernel), the adapter looks them up in the piece's globals
+    needs: tuple = ()
 
     def reference_piece(self):
         module, _, attr = self.reference.partition(":")
@@ -173,10 +179,11 @@ def recap(source: Exercise, assignment: str, tests: dict, visible: tuple | None 
     ``source.tests`` or ``source.elsewhere`` under the same grade_id, with the same tags: the
     re-check judges every cell of a piece by its exercise's probe, and the harness checks they
     agree), its visible cases (default: the source's) and the mistakes these cells catch:
-    ``mistakes`` maps a source mistake's label to (fails, hidden), grade_ids of ``tests``; a
-    mistake not listed is not named here."""
+    ``mistakes`` maps a source mistake's label to (fails, hidden) or (fails, hidden, missed),
+    grade_ids of ``tests`` (``Mistake``); a mistake not listed is not named here."""
     mistakes = mistakes or {}
-    picked = tuple(dataclasses.replace(m, fails=frozenset(mistakes[m.label][0]), hidden=frozenset(mistakes[m.label][1]))
+    picked = tuple(dataclasses.replace(m, fails=frozenset(mistakes[m.label][0]), hidden=frozenset(mistakes[m.label][1]),
+                                       missed=frozenset(mistakes[m.label][2] if len(mistakes[m.label]) > 2 else ()))
                    for m in source.mistakes if m.label in mistakes)
     unknown = set(mistakes) - {m.label for m in source.mistakes}
     if unknown:

@@ -166,16 +166,24 @@ def printed_figures(case, out, want):
     return None
 
 
-def rows_are_distributions(case, out, want):
-    """Every weight is finite and non-negative, and each row (a query's weights over the keys)
-    sums to 1 within 1e-5: float32 sums of a few terms are exact to about 1e-6."""
-    w = out["weights"].astype(np.float64)
-    if not np.isfinite(w).all() or (w < 0).any():
-        return "the weights should all be finite and non-negative (they come out of a softmax)."
-    worst = float(np.abs(w.sum(-1) - 1).max()) if w.size else 0.0
-    if worst <= 1e-5:
-        return None
-    return f"each row of the weights should sum to 1 (over the keys, dim=-1); one is off by {worst:.6g}."
+def distributions_over(what: str):
+    """The property that every weight is finite and non-negative and each row (a query's weights
+    over ``what``, "the keys") sums to 1 within 1e-5: float32 sums of a few terms are exact to
+    about 1e-6."""
+
+    def rows_are_distributions(case, out, want):
+        w = out["weights"].astype(np.float64)
+        if not np.isfinite(w).all() or (w < 0).any():
+            return "the weights should all be finite and non-negative (they come out of a softmax)."
+        worst = float(np.abs(w.sum(-1) - 1).max()) if w.size else 0.0
+        if worst <= 1e-5:
+            return None
+        return f"each row of the weights should sum to 1 (over {what}, dim=-1); one is off by {worst:.6g}."
+
+    return rows_are_distributions
+
+
+rows_are_distributions = distributions_over("the keys")
 
 
 def cat_attends_to_itself(case, out, want):

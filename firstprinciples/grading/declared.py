@@ -74,6 +74,28 @@ def unstored(case: dict, want: dict) -> dict:
             for k, v in want.items()}
 
 
+def _decoded(d):
+    """An encoded value as plain data: an array, a tuple, list or dict of plain data, or a scalar."""
+    if wire.is_array(d):
+        return wire.array(d)
+    if isinstance(d, dict) and "items" in d:
+        items = [_decoded(v) for v in d["items"]]
+        if d.get("keys") is not None:
+            return dict(zip(d["keys"], items))
+        return tuple(items) if d.get("type") == "builtins.tuple" else items
+    return wire.scalar(d) if isinstance(d, dict) else None
+
+
+def _for_properties(encoded: dict, want: dict) -> dict:
+    """What a property reads: the arrays by name and, where the reference's result is not an array
+    (a module's structure, reported as plain data: names, shapes, counts), the plain value."""
+    out = _arrays(encoded)
+    for k, v in encoded.items():
+        if k not in out and k in want and not wire.is_array(want[k]):
+            out[k] = _decoded(v)
+    return out
+
+
 def judge(exercise, test, case: dict, got: dict, want: dict, *, show: bool = True) -> str | None:
     """Why the answer's encoded results ``got`` fail ``test`` on ``case`` (None: they pass).
     ``show``: messages may name entries and values (the visible cases; never the secret ones)."""
@@ -88,7 +110,8 @@ def judge(exercise, test, case: dict, got: dict, want: dict, *, show: bool = Tru
             which = key[: -len(AFTER)]
             return (f"{exercise.call} {label} modified its input {which} in place. Build new tensors instead "
                     f"(for example `x = x / s` rather than `x /= s` or `x.div_(s)`).")
-    properties = lambda: (_arrays(got), _arrays(want))  # noqa: E731 (decoded only when a property needs them)
+    # (decoded only when a property needs them)
+    properties = lambda: (_for_properties(got, want), _for_properties(want, want))  # noqa: E731
     for prop in test.first:
         reason = prop(plain, *properties())
         if reason:

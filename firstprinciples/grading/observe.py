@@ -229,8 +229,9 @@ def _torch_nn_functions() -> list:
 
 
 # The course's own implementations, kept for its tests and never part of an answer: any piece
-# that calls one is calling the course's work (the red team's ``checks.modern_block.reference_rmsnorm``
-# in a modern block, the capstone probe's attention module in multi-head attention).
+# that calls one is calling the course's work (the red team called ``checks.modern_block.reference_rmsnorm``
+# in a modern block, and the capstone probe's attention module in multi-head attention; the
+# declarations' own code is added below, ``_declarations_own_code``).
 COURSE_IMPLEMENTATIONS = ("firstprinciples.checks", "firstprinciples.grading.probes", "firstprinciples.capstone.model",
                           "firstprinciples.lengths.model")
 

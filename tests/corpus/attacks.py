@@ -136,6 +136,10 @@ ATTACKS = [
             del sys.modules[_name]  # new objects: not the ones the grader was told of
         _fresh = importlib.import_module("firstprinciples.reference")
      '''), "extra": [], "score": 0, "reason": REFUSED, "flag": "internals"},
+    # A course implementation kept outside the reference (issue 38: the old checks' reference_rmsnorm).
+    # Since modern_block is declared, no such function exists: the import fails in the kernel (no
+    # module), and the re-check's runner refuses every module of firstprinciples.checks but the
+    # student-facing messages, so RMSNorm is never defined and its three points are lost.
     {"id": "atk_checks_reference_rmsnorm", "assignment": "modern_block", "answers": {"RMSNorm": _c('''
         import torch
         from torch import nn
@@ -149,7 +153,7 @@ ATTACKS = [
 
             def forward(self, x):  # the course's own implementation, kept in its checks
                 return _mb.reference_rmsnorm(x, self.weight, self.eps)
-     ''')}, "extra": [], "score": 9, "reason": "course's reference", "flag": "internals"},
+     ''')}, "extra": [], "score": 9, "reason": REFUSED, "flag": "internals"},
     # The residual route, named in docs/design/threat-model.md: the runner's own code runs in the
     # student's process, so a student who walks its frames can write the whole report (outputs
     # computed with the built-in, nothing seen) and end the runner. It needs the in-kernel tests
@@ -472,7 +476,25 @@ ATTACKS = [
 
         class KVCache(_ref.KVCache):
             """The course's cache under the expected name."""
-     ''')}, "extra": [], "score": None, "reason": "course's reference"},
+     ''')}, "extra": [], "score": None, "reason": "ImportError"},  # (a declared piece's runner refuses the import)
+    # the red team's (issue 38): generation without a cache, every product with a layer's weight written by
+    # hand so that no hook on the layers counts the prefix projected again at every step; the layers' weights
+    # that change between steps (after the prompt is cached) tell it from a cache by what it computes
+    {"id": "atk_kv_generate_uncached_by_the_weights", "assignment": "kv_cache", "answers": {"generate": _c('''
+        def generate(mha, prompt, n_new):
+            """Extend prompt by n_new vectors (no cache: the whole prefix again, by the layers' weights)."""
+            seq = prompt
+            for _ in range(n_new):
+                B, T, d = seq.shape
+                H = mha.n_heads
+                q, k, v = ((seq @ layer.weight.T).view(B, T, H, d // H).transpose(1, 2)
+                           for layer in (mha.W_q, mha.W_k, mha.W_v))
+                scores = q @ k.transpose(-2, -1) / math.sqrt(d // H)
+                scores = scores + torch.triu(torch.full((T, T), float("-inf"), dtype=seq.dtype), diagonal=1)
+                out = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, d) @ mha.W_o.weight.T
+                seq = torch.cat([seq, out[:, -1:]], dim=1)
+            return seq
+     ''')}, "extra": [], "score": None, "reason": "recomputing everything"},
     {"id": "atk_pe_reference", "assignment": "positional_encoding", "answers": {"sinusoidal_encoding": _c('''
         import importlib
 

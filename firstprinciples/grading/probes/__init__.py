@@ -53,7 +53,7 @@ import numpy as np
 from ... import exercises
 from .. import wire
 
-MODULES = ("multihead", "kv_cache", "encoder_decoder", "capstone", "modern_block")
+MODULES = ("multihead", "capstone")
 
 REGISTRY: dict[str, "Probe"] = {}
 
@@ -164,7 +164,8 @@ def from_declaration(exercise, resolve: bool = True) -> Probe:
              for gid, t in {**exercise.elsewhere, **exercise.tests}.items()}
     return Probe(exercise.piece, exercise.secret, exercise.adapter,
                  reference=exercise.reference_piece() if resolve else None,
-                 forbidden=dict(exercise.forbidden), cells=cells, memory=exercise.memory, declared=exercise)
+                 forbidden=dict(exercise.forbidden), cells=cells, memory=exercise.memory, needs=tuple(exercise.needs),
+                 declared=exercise)
 
 
 # ---------------------------------------------------------------- cases on the wire
