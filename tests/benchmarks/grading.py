@@ -24,12 +24,14 @@ the same scores, notes and outputs, and that stock gave the same scores; then
 it times the students' check command on solved notebooks (the first assignment's
 and attention's), five runs cold and
 five warm, each beside a floor measured just before it (target: under 1.5 x the
-floor) and, unless ``--no-hang``, a softmax class graded again with one
-never-returning answer.
+floor) and, unless ``--no-hang``, a multi_head_attention class graded again with three
+students whose merge_heads hangs (it never returns, it fills the memory, it kills its kernel):
+the target is at most one cell timeout more per hanging student, and the notes must name the piece.
 
 Run from the repository root:
     python tests/benchmarks/grading.py                          # the full class: 30 students, every assignment
     python tests/benchmarks/grading.py --students 8 --assignments softmax,causal_mask   # a quick run
+    python tests/benchmarks/grading.py --hang-only              # only the class with three hanging students
 It works in a temporary folder; the repository is untouched.
 """
 from __future__ import annotations
@@ -163,28 +165,65 @@ def check_against_floor(notebook: Path, runs: int = 5) -> dict:
     return {k: statistics.median(v) for k, v in got.items()} | {"runs": runs, "warm all": got["warm"]}
 
 
-NEVER_RETURNS = "import torch\n\ndef softmax(x, dim=-1):\n    while True:\n        pass\n"
+HANG_ASSIGNMENT, HANG_PIECE = "multi_head_attention", "merge_heads"
+# Three ways a piece can hang, each at the top of merge_heads's body (every call): it never returns
+# (interrupted at the cell timeout), it fills the memory until the kernel's limit kills it, it kills
+# its kernel. The later MultiHeadAttention cells call merge_heads: they must fail at once, not wait.
+HANGS = {
+    "never_returns": "while True:\n    pass",
+    "exhausts_memory": "hog = []\nwhile True:\n    hog.append(torch.ones(2**25))",
+    "kills_its_kernel": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+}
 
 
-def hang_cost(tmp: Path, students: int, env: dict) -> tuple[float, float]:
-    """Seconds to grade a softmax class of ``students`` (a third each correct, partly wrong,
-    untouched), then the same class with one never-returning answer in place of a correct one."""
+def _hanging(source: str, snippet: str) -> str:
+    """``source`` with ``snippet`` put at the top of merge_heads's body (after its one-line docstring)."""
+    lines = source.splitlines()
+    d = next(i for i, line in enumerate(lines) if line.startswith("def merge_heads")) + 1
+    assert lines[d].strip().startswith('"""') and lines[d].count('"""') == 2, lines[d]  # the docstring
+    return "\n".join(lines[: d + 1] + ["    " + line for line in snippet.splitlines()] + lines[d + 1:]) + "\n"
+
+
+def hang_cost(tmp: Path, students: int, env: dict) -> dict:
+    """A multi_head_attention class of ``students`` (a third each correct, partly wrong, untouched)
+    graded twice: as it is, then with three correct students replaced by three whose merge_heads
+    hangs, each in one way of ``HANGS``. Returns both wall times, the cell timeout and what
+    grades.csv's notes say of each hanging student."""
     (tmp / "hang").mkdir()
     course = make_course(tmp / "hang")
-    run(course, "generate_assignment", "softmax", "--force")
-    (release,) = sorted((course / "exercises" / "softmax").glob("*.ipynb"))
+    run(course, "generate_assignment", HANG_ASSIGNMENT, "--force")
+    (release,) = sorted((course / "exercises" / HANG_ASSIGNMENT).glob("*.ipynb"))
     released = nbformat.read(release, as_version=4)
-    correct = solution_answers(nbformat.read(SOLUTIONS / "softmax" / release.name, as_version=4))
-    kinds = [correct, partly_wrong("softmax", correct, released), None]
-    for i in range(students):
-        target = course / "submitted" / f"student{i:03d}" / "softmax"
+    correct = solution_answers(nbformat.read(SOLUTIONS / HANG_ASSIGNMENT / release.name, as_version=4))
+    kinds = [correct, partly_wrong(HANG_ASSIGNMENT, correct, released), None]
+
+    def submit(i, nb):
+        target = course / "submitted" / f"student{i:03d}" / HANG_ASSIGNMENT
         target.mkdir(parents=True, exist_ok=True)
-        nbformat.write(released if kinds[i % 3] is None else fill(released, kinds[i % 3]), target / release.name)
-    without = run(course, "autograde", "softmax", env=env)
-    nbformat.write(fill(released, {**correct, "softmax": NEVER_RETURNS}),
-                   course / "submitted" / "student000" / "softmax" / release.name)
-    with_hang = run(course, "autograde", "softmax", "--force", env=env)
-    return without, with_hang
+        nbformat.write(nb, target / release.name)
+
+    for i in range(students):
+        submit(i, released if kinds[i % 3] is None else fill(released, kinds[i % 3]))
+    without = run(course, "autograde", HANG_ASSIGNMENT, env=env)
+    hanging = {}
+    for n, (kind, snippet) in enumerate(HANGS.items()):  # students 0, 3, 6: correct ones
+        submit(3 * n, fill(released, {**correct, HANG_PIECE: _hanging(correct[HANG_PIECE], snippet)}))
+        hanging[f"student{3 * n:03d}"] = kind
+    with_hang = run(course, "autograde", HANG_ASSIGNMENT, "--force", env=env)
+    graded = export(course)
+    notes = {kind: graded[(HANG_ASSIGNMENT, student)] for student, kind in hanging.items()}
+    timeout = int(re.search(r"^c\.Execute\.timeout = (\d+)", (course / "nbgrader_config.py").read_text(), re.M)[1])
+    return {"without": without, "with": with_hang, "timeout": timeout, "notes": notes}
+
+
+def print_hang(hang: dict, students: int) -> None:
+    extra, allowed = hang["with"] - hang["without"], len(HANGS) * hang["timeout"]
+    print(f"{HANG_ASSIGNMENT} class of {students}: {hang['without']:.1f} s; with {len(HANGS)} students whose "
+          f"{HANG_PIECE} hangs {hang['with']:.1f} s (+{extra:.1f} s; target at most one cell timeout a hanging "
+          f"student, +{allowed} s: {'met' if extra <= allowed else 'NOT met'})")
+    for kind, (score, notes) in hang["notes"].items():
+        named = HANG_PIECE in notes
+        print(f"  {kind}: {score:g} points; notes {'name' if named else 'do NOT name'} {HANG_PIECE}: {notes[:300]}")
 
 
 def main():
@@ -195,13 +234,18 @@ def main():
                         help="grading workers of the course's config (default: its own, parallel.default_workers())")
     parser.add_argument("--no-stock", action="store_true", help="skip stock nbgrader (its time is then not shown)")
     parser.add_argument("--no-hang", action="store_true",
-                        help="skip the softmax class graded again with one never-returning answer")
+                        help=f"skip the {HANG_ASSIGNMENT} class graded again with {len(HANGS)} hanging answers")
+    parser.add_argument("--hang-only", action="store_true", help="only that class (with and without the hangs)")
     args = parser.parse_args()
     chosen = [a for a in args.assignments.split(",") if a] or assignments()
     unknown = set(chosen) - set(assignments())
     if unknown:
         sys.exit(f"unknown assignments: {', '.join(sorted(unknown))}")
     env = {"FP_GRADING_WORKERS": str(args.workers)} if args.workers else {}
+    if args.hang_only:
+        with tempfile.TemporaryDirectory(prefix="fp-grading-bench-") as tmp:
+            print_hang(hang_cost(Path(tmp), args.students, env), args.students)
+        return
     cold = {**env, "FP_GRADING_COLD": "1"}
 
     print(f"floor: starting a kernel and importing torch ({os.cpu_count()} cores) ...", flush=True)
@@ -276,7 +320,8 @@ def main():
         checked = {path.name: check_against_floor(path) for path in solved.values()}
         hang = None
         if not args.no_hang:
-            print(f"a softmax class of {args.students}, then the same with one never-returning answer ...", flush=True)
+            print(f"a {HANG_ASSIGNMENT} class of {args.students}, then the same with {len(HANGS)} hanging answers ...",
+                  flush=True)
             hang = hang_cost(tmp, args.students, env)
 
     # The floor of the whole run: the median of every floor measured through it (the machine's
@@ -322,9 +367,7 @@ def main():
               f"{'met' if c['warm x'] < CHECK_TARGET else 'NOT met'}); warm runs: "
               + ", ".join(f"{t:.2f}" for t in c["warm all"]) + " s")
     if hang is not None:
-        extra = hang[1] - hang[0]
-        print(f"softmax class of {args.students}: {hang[0]:.1f} s; with one never-returning answer {hang[1]:.1f} s "
-              f"(+{extra:.1f} s; target at most +60 s: {'met' if extra <= 60 else 'NOT met'})")
+        print_hang(hang, args.students)
     # This run itself keeps about `workers` cores busy; much more means other work competed.
     load = statistics.median(loads)
     print(f"load average while grading (median of {len(loads)} samples): {load:.1f} on {os.cpu_count()} cores")
