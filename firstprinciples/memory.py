@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 
 class StorageSizes(TorchDispatchMode):
@@ -28,7 +27,10 @@ class StorageSizes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
+        # (an operator returns a tensor or a tuple or list of them; torch's tree_flatten, which a
+        # recursive closure implements, leaves a reference cycle a call: with the re-check's
+        # collector off while a case runs, they pile up in the memory that case is measured by)
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
             if isinstance(t, torch.Tensor):
                 n = t.untyped_storage().nbytes() // max(t.element_size(), 1)
                 if n > self.largest:

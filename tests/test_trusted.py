@@ -179,6 +179,35 @@ def test_an_observer_switched_off_is_seen(code):
     assert seen.tampered
 
 
+def _watch_memory(code):
+    import numpy as np
+
+    from firstprinciples.grading import observe
+
+    ns = {"torch": torch, "np": np}
+    with observe.Watch(memory=True) as seen:
+        exec(compile(code, f"{observe.CELL_PREFIX}cell 'tiled_attention'>", "exec"), ns)
+    return seen
+
+
+def test_the_memory_watch_counts_what_torch_never_allocates():
+    """A NumPy array of 8 MB, made and dropped: torch's allocator saw nothing of it, Python's
+    allocation tracer its peak; a tensor of 8 MB the other way round."""
+    numpy_made = _watch_memory("a = np.ones((1024, 1024))\ndel a")
+    assert numpy_made.python_peak >= 8 * 2**20 and numpy_made.largest_allocation < 2**20, numpy_made
+    torch_made = _watch_memory("t = torch.ones(1024, 1024, dtype=torch.float64)\ndel t")
+    assert torch_made.largest_allocation >= 8 * 2**20 and torch_made.python_peak < 2**20, torch_made
+    assert not numpy_made.tampered and not torch_made.tampered
+
+
+def test_the_allocation_tracer_switched_off_is_seen():
+    import tracemalloc
+
+    seen = _watch_memory("import tracemalloc\ntracemalloc.stop()\na = np.ones((1024, 1024))")
+    assert any("allocation tracer was stopped" in t for t in seen.tampered), seen.tampered
+    assert seen.python_peak is None and not tracemalloc.is_tracing()
+
+
 def test_changes_to_shared_code_are_seen_by_their_effect():
     import numpy
     from firstprinciples.grading import observe

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from .. import examples
+from ..memory import StorageSizes  # (imported here, not in the adapter: an import inside a measured call is counted)
 from . import Exercise, Mistake, Test, case
 
 OVER = "the largest tensor created"  # the adapter's report on the memory cases: empty when within the bound
@@ -59,8 +60,6 @@ def adapter(fn, case):
     none) and the inputs after the call; on a case with ``measure``, also ``OVER``: the largest
     tensor any torch operation created, as [*its shape, its storage's elements], when it holds
     more than ``allowed_elements`` (an empty array when it does not)."""
-    from ..memory import StorageSizes
-
     Q, K, V = (case[n].detach().clone() for n in "QKV")
     kwargs = {"causal": bool(case["causal"])}
     if "block_size" in case:

@@ -38,6 +38,7 @@ import os
 import re
 import sys
 import threading
+import tracemalloc as _tracemalloc
 import types
 from dataclasses import dataclass, field
 
@@ -400,6 +401,9 @@ class Seen:
     functions: dict = field(default_factory=dict)  # torch function name -> where it was first called
     calls: dict = field(default_factory=dict)  # id(code) -> (code, where it was first called)
     largest_allocation: int | None = None  # bytes, the largest tensor torch allocated (memory=True only)
+    # bytes, the most that Python's allocator (NumPy's arrays included) held at once above what it held when
+    # the window opened, as Python's allocation tracer counts it (memory=True only): memory torch never sees
+    python_peak: int | None = None
 
     def raw(self, codes: "Codes | None" = None) -> dict:
         """The observation as plain data, nothing judged: the operators, the torch functions with
@@ -407,6 +411,8 @@ class Seen:
         out = {"ops": list(self.ops), "functions": [[n, w] for n, w in self.functions.items()]}
         if self.largest_allocation is not None:
             out["largest_allocation"] = int(self.largest_allocation)
+        if self.python_peak is not None:
+            out["python_peak"] = int(self.python_peak)
         if codes is None:
             out["codes"] = [[f[0], f[1], w, f[2]] for c, w in self.calls.values() for f in (facts(c),)]
         else:
@@ -437,7 +443,7 @@ def expand(result: dict, table: list) -> dict:
     """A case's raw observation with its ``code_ids`` turned back into the facts of ``table``
     (read from the runner: anything malformed is dropped)."""
     out = {"ops": result.get("ops"), "functions": result.get("functions"),
-           "largest_allocation": result.get("largest_allocation")}
+           "largest_allocation": result.get("largest_allocation"), "python_peak": result.get("python_peak")}
     ids = result.get("code_ids")
     codes = []
     if isinstance(ids, list) and isinstance(table, list):
@@ -526,8 +532,22 @@ class Watch:
         # Python function run there is named with its cell and line, as in the main thread (its
         # torch operators are seen by the profiler in any case)
         _threading_setprofile(self._thread_hook)
+        if self.config is _MEMORY_CONFIG:
+            # memory that torch's allocator never sees (a NumPy array, Python lists) is counted by
+            # Python's allocation tracer: NumPy reports its arrays' buffers to it
+            self._was_tracing = _tracemalloc.is_tracing()  # (a test process may trace already)
+            _tracemalloc.start()
+            self._traced_before = _tracemalloc.get_traced_memory()[0]
+            _tracemalloc.reset_peak()
         torch.special.entr(torch.zeros(1))
         return self.seen
+
+    def measured(self) -> None:
+        """With ``memory``: the most Python's allocator held so far in the window, above what it held
+        when the window opened, is the case's ``python_peak`` (what runs after, the grader's own
+        encoding of the outputs, is not counted)."""
+        if self.config is _MEMORY_CONFIG and self.seen.python_peak is None and _tracemalloc.is_tracing():
+            self.seen.python_peak = max(0, _tracemalloc.get_traced_memory()[1] - self._traced_before)
 
     def _thread_hook(self, frame, event, arg):
         if event == "call":
@@ -538,6 +558,13 @@ class Watch:
             torch.special.erfcx(torch.zeros(1))
             _canary()
         finally:
+            if self.config is _MEMORY_CONFIG:
+                if self.seen.python_peak is None:
+                    self.measured()
+                if not _tracemalloc.is_tracing():
+                    self.seen.tampered.append("Python's allocation tracer was stopped while your code ran")
+                if not self._was_tracing:
+                    _tracemalloc.stop()
             hook = _getprofile()
             _setprofile(None)
             _threading_setprofile(None)

@@ -58,7 +58,8 @@ def report(namespace: dict, name: str, cases: list, state: dict | None = None, p
         _gc_disable()  # no __del__ of student objects runs outside a watched window
         kept = []
         try:
-            with _Watch(memory="memory" in case.get("tags", ()) and probe.memory is not None) as seen:
+            watch = _Watch(memory="memory" in case.get("tags", ()) and probe.memory is not None)
+            with watch as seen:
                 try:
                     obj = target()
                 except (Exception, SystemExit) as e:  # the object could not be had (a rebuild from the
@@ -68,6 +69,7 @@ def report(namespace: dict, name: str, cases: list, state: dict | None = None, p
                     try:
                         out = probe.run(obj, case, namespace) if getattr(probe, "needs", ()) else probe.run(obj, case)
                         kept.append(out)
+                        watch.measured()  # (the memory the piece held; not the encoding's below)
                         entry = {"outputs": {k: _encode(v) for k, v in out.items()}}
                     except (Exception, SystemExit) as e:  # the answer's fault on a secret case: graded 0
                         entry = {"error": _raised(e), "secret": True}

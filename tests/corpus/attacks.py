@@ -199,6 +199,21 @@ ATTACKS = [
                 w = torch.exp(scores - scores.amax(-1, keepdim=True))
                 return (w / w.sum(-1, keepdim=True)) @ V
      ''')}, "extra": [], "score": 8, "reason": "allocated"},
+    {"id": "atk_tiled_full_matrix_in_numpy", "assignment": "tiled_attention", "answers": {"tiled_attention": _c('''
+        import math
+        import numpy as np
+        import torch
+
+        def tiled_attention(Q, K, V, block_size=64, causal=False):
+            # the whole (T_q, T_k) matrix, built in NumPy: torch's allocator never sees it
+            q, k, v = (t.detach().numpy() for t in (Q, K, V))
+            scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+            if causal:
+                T_q, T_k = scores.shape[-2:]
+                scores = scores + np.triu(np.full((T_q, T_k), -np.inf, dtype=q.dtype), T_k - T_q + 1)
+            w = np.exp(scores - scores.max(-1, keepdims=True))
+            return torch.from_numpy((w / w.sum(-1, keepdims=True)) @ v)
+     ''')}, "extra": [], "score": 8, "reason": "outside torch"},
     # ------------------------------------------------ texts the grader writes, made huge
     {"id": "atk_huge_names", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX + _c('''
         for i in range(3):  # three torch attributes with 4 MB names: the grader's flags name them

@@ -81,6 +81,17 @@ def test_the_recheck_counts_what_a_dispatch_mode_cannot_see():
     assert "allocated" in text and "allowed" in text, text
 
 
+def test_the_recheck_counts_memory_held_outside_torch():
+    """An answer that builds the whole matrix in NumPy creates no large tensor (neither measure of
+    torch sees it) but fails the re-check's memory test, which also counts what Python's allocator
+    held (the corpus's atk_tiled_full_matrix_in_numpy); the reference stays far below that allowance."""
+    from test_declarations import kernel_failures, recheck_failures
+
+    assert kernel_failures(EXERCISE, A.full_matrix_in_numpy) == {}
+    text = recheck_failures(EXERCISE, A.full_matrix_in_numpy, seed=2)["test_memory"]
+    assert "outside torch" in text and "Python's allocation tracer" in text, text
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_reference_agrees_with_torch(causal):
     g = torch.Generator().manual_seed(0)

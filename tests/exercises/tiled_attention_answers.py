@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from course import as_student_code
@@ -160,6 +161,17 @@ def full_matrix_unwatched(Q, K, V, block_size=64, causal=False):
         return (w / w.sum(-1, keepdim=True)) @ V
 
 
+def full_matrix_in_numpy(Q, K, V, block_size=64, causal=False):
+    """The whole (T_q, T_k) matrix, built in NumPy, where torch's allocator never sees it (the
+    corpus's atk_tiled_full_matrix_in_numpy): the re-check's allocation tracer counts it."""
+    q, k, v = (t.detach().numpy() for t in (Q, K, V))
+    scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        scores = scores + np.triu(np.full(scores.shape[-2:], -np.inf, dtype=q.dtype), 1)
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    return torch.from_numpy((w / w.sum(-1, keepdims=True)) @ v)
+
+
 def scales_Q_in_place(Q, K, V, block_size=64, causal=False):
     Q /= math.sqrt(Q.shape[-1])  # changes the caller's tensor
     return correct(Q * math.sqrt(Q.shape[-1]), K, V, block_size, causal)
@@ -177,6 +189,7 @@ WRONG = {
                                                  ALL - {"test_against_attention", "test_large_scores"},
                                                  ALL - {"test_against_attention"}),
     "the full matrix hidden from the measure": (full_matrix_unwatched, set(), {"test_memory"}),
+    "the full matrix in NumPy": (full_matrix_in_numpy, set(), {"test_memory"}),
     "scales Q in place": (scales_Q_in_place, ALL, ALL),
     "returns numpy": (lambda Q, K, V, block_size=64, causal=False: correct(Q, K, V, block_size, causal).numpy(),
                       ALL, ALL),
