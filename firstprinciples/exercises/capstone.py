@@ -724,6 +724,10 @@ def judge_decoding(out, B, T_p, n_new, n_layers, show=True, atol=ATOL, rtol=RTOL
         shape = logits.shape if isinstance(logits, np.ndarray) else type(logits).__name__
         return (f"the logits have shape {shape}; expected {want_logits.shape}: for each new token, the logits of the "
                 "last position it was picked from.")
+    # (before the values: a cache shared by the blocks, or none, is what makes them differ)
+    if out.get("KVCache objects used") != n_layers:
+        return (f"generate_cached used {out.get('KVCache objects used')} KVCache object(s) for a model of {n_layers} "
+                "blocks: make one of your KVCache per block and let cached_attention_step append to it.")
     diff = np.abs(logits.astype(np.float64) - want_logits.astype(np.float64))
     if not np.all(diff <= atol + rtol * np.abs(want_logits.astype(np.float64))):
         b, t, v = np.argwhere(~(diff <= atol + rtol * np.abs(want_logits.astype(np.float64))))[0]
@@ -736,9 +740,6 @@ def judge_decoding(out, B, T_p, n_new, n_layers, show=True, atol=ATOL, rtol=RTOL
         picked = f" is {ids[b, t]} but decoding without a cache picks {want_ids[b, t]}" if show else " differs"
         return (f"the generated token {t} of sequence {b}{picked} from decoding without a cache: take the argmax "
                 "of the last position's logits.")
-    if out.get("KVCache objects used") != n_layers:
-        return (f"generate_cached used {out.get('KVCache objects used')} KVCache object(s) for a model of {n_layers} "
-                "blocks: make one of your KVCache per block and let cached_attention_step append to it.")
     again = out.get("blocks that projected the prefix again")
     if again != "none":
         return (f"block(s) {again} projected more key rows than the prompt once and then one per new token: yours "

@@ -172,8 +172,12 @@ class SubclassesTinyGPT(TinyGPT):
 
 class BlocksInAList(PlainGPT):
     def __init__(self, vocab_size, d_model=64, n_heads=4, n_layers=2, max_len=32):
-        super().__init__(vocab_size, d_model, n_heads, n_layers, max_len)
-        self.blocks = [TransformerBlock(d_model, n_heads, dropout=0.0) for _ in range(n_layers)]
+        nn.Module.__init__(self)
+        self.tok = nn.Embedding(vocab_size, d_model)
+        self.pos = nn.Embedding(max_len, d_model)
+        self.blocks = [TransformerBlock(d_model, n_heads, dropout=0.0) for _ in range(n_layers)]  # hidden parameters
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
 
 
 class PositionsAParameter(PlainGPT):
