@@ -876,9 +876,13 @@ _ATTENTION_TEST = attention.EXERCISE.elsewhere[attention.RECAP_ID]
 ATTENTION_RECAP = recap(
     attention.EXERCISE, NAME, {attention.RECAP_ID: _ATTENTION_TEST},
     visible=tuple({**c, "tags": tuple(sorted(_ATTENTION_TEST.tags))} for c in attention.RECAP.visible),
-    mistakes={label: ({attention.RECAP_ID}, ()) for label in (
+    # (the re-check's cases of this cell, the attention exercise's "worked" ones, have no mask: the mask's
+    # mistakes are named in the notebook only, ``missed``)
+    mistakes={**{label: ({attention.RECAP_ID}, ()) for label in (
         "no scaling", "scaled by d_k", "scaled by sqrt(T_k)", "softmax over the wrong axis", "keys used as values",
         "scores returned as weights")},
+        **{label: ({attention.RECAP_ID}, (), {attention.RECAP_ID}) for label in (
+            "mask added after the softmax", "mask ignored")}},
 )
 # this notebook's split cell keeps the name test_split_heads, judged in the re-check as in its own
 # notebook (its tags), for 1 point here; its merge and attention cells are multi_head_attention's recaps

@@ -191,5 +191,7 @@ def test_the_capstone_cells_are_re_checked_by_the_declaration():
     assert found["recap_feed_forward"], found
     found = _recheck_reasons(nb, "TransformerBlock", as_answer(MISTAKES[("TransformerBlock", "post-LN instead of pre-LN")]))
     assert found["test_transformer_block"], found
-    assert all(found[gid] is None for gid in D.AS_A_PART), found
+    # (the capstone's model cells call check(...) on StudentGPT alone now: only its trained model's cells
+    # still pass TransformerBlock along)
+    assert all(found[gid] is None for gid in D.AS_A_PART if gid in found), found
     assert not any(_recheck_reasons(nb, "TransformerBlock", A.GoodBlock).values())
