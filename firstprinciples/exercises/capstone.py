@@ -20,10 +20,12 @@ Decisions stated once (issue 42: a mistake costs where it is made):
   costs ``test_model_forward``. The comparison with the course's ``TinyGPT`` (the reference) is of
   type, dtype and shape only (``values=False``).
 - ``test_generate_cached`` compares the answer's cached decoding with uncached greedy decoding of the
-  same model (``model(ids)`` on the whole sequence at every step), both in the adapter: the model is
-  the notebook's own ``StudentGPT`` (``needs``) with seeded parameters, so a decoder is judged with
-  the student's model, not the course's; where the notebook has no StudentGPT class, the adapter's
-  own correct model (``_GPT``) stands in. The token ids must be equal and the logits equal within the
+  same model, both in the adapter: the model is the notebook's own ``StudentGPT`` (``needs``) with
+  seeded parameters, so a decoder is judged with the student's parts (their blocks, a tanh GELU
+  included), not the course's; where the notebook has no StudentGPT class, the adapter's own correct
+  model (``_GPT``) stands in. Uncached decoding runs the model's own parts wired as the course's
+  model (``wired``) on the whole sequence at every step, not the model's ``forward``: a wrong forward
+  (no positions, say) costs ``test_model_forward`` only, not the decoder's cells too. The token ids must be equal and the logits equal within the
   float64 defaults of ``grading.compare`` (the cache does the same sums grouped otherwise: about
   1e-15); forward hooks count the key rows each block's ``attn.W_k`` projects (the prompt once, then
   one per token), and the objects of the notebook's ``KVCache`` that a method of the class is called
@@ -655,7 +657,8 @@ def recording_caches(cache_class):
 
 def decode(generate, model, ids, n_new, cache_class):
     """``generate(model, ids, n_new)`` on a copy of ids under torch.no_grad(), then uncached greedy decoding
-    of the same model (``model(ids)`` on the whole sequence at every step). Reports the ids and logits of
+    of the same model's parts wired as the course's model (``wired`` on the whole sequence at every step:
+    the model's own forward is test_model_forward's to judge, issue 42). Reports the ids and logits of
     both, how many objects of ``cache_class`` a method was called on, the blocks whose ``attn.W_k``
     projected more key rows than the prompt once and one per token, and the ids after the call."""
     counts = [0] * len(model.blocks)
@@ -686,7 +689,7 @@ def decode(generate, model, ids, n_new, cache_class):
     seq, steps = ids.clone(), []
     with torch.no_grad():
         for _ in range(n_new):
-            logits = _pair(model(seq), "the model's forward", ("logits", "attentions"))[0][:, -1]
+            logits = wired(model, seq)[0][:, -1]
             steps.append(logits)
             seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], dim=1)
     B, T_p = ids.shape
@@ -733,7 +736,8 @@ def judge_decoding(out, B, T_p, n_new, n_layers, show=True, atol=ATOL, rtol=RTOL
         b, t, v = np.argwhere(~(diff <= atol + rtol * np.abs(want_logits.astype(np.float64))))[0]
         at = (f": logits[{b}, {t}, {v}] is {logits[b, t, v]:.6g}, without a cache {want_logits[b, t, v]:.6g}"
               if show else f" (by up to {np.nan_to_num(diff, nan=np.inf).max():.3g})")
-        return (f"the logits of the new tokens differ from greedy decoding of the same model without a cache{at}. "
+        return (f"the logits of the new tokens differ from greedy decoding without a cache of the same model (its "
+                f"parts wired as in Step 1){at}. "
                 "Feed the prompt once, then only the newest token, with positions that continue from len(cache).")
     if not np.array_equal(ids, want_ids):
         b, t = (int(v) for v in np.argwhere(ids != want_ids)[0])
