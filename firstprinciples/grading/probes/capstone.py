@@ -7,9 +7,9 @@ OLD_APPARATUS``): this module and ``checks.capstone`` go when they are.
 
 - ``model``: there is no reference for a trained model, so the run ships the
   log-probabilities of the held-out targets, the greedy answers after the final
-  "it", and the logits at the final "it" with and without the rest of the
-  sentence; ``judge_model`` computes the held-out loss, the accuracy and the
-  causality in the trusted grader, with the checks' thresholds.
+  "it"; ``judge_model`` computes the held-out loss and the accuracy in the
+  trusted grader, with the checks' thresholds (a model that sees the word it
+  predicts has a held-out loss below ``LEAK_THRESHOLD``).
 
 What the ``model`` probe can prove: the object named ``model`` in the kernel,
 run on the course's held-out sentences, produced those numbers, and the
@@ -33,9 +33,6 @@ from . import Probe, aspect, register
 
 
 # ---------------------------------------------------------------- the trained model
-CAUSAL_EXAMPLES = 24  # as many prompts as test_generate_trained
-
-
 @functools.lru_cache(maxsize=1)
 def _held_out():
     from ...capstone import make_corpus
@@ -51,15 +48,11 @@ def _held_out():
 def model_cases(rng: np.random.Generator) -> list:
     ids, pronoun, pad = _held_out()
     n = len(ids)
-    pick = np.sort(rng.choice(n, size=CAUSAL_EXAMPLES, replace=False))
     return [
         {"label": f"the {n} held-out sentences (next-token loss)", "tags": ("loss",), "kind": "loss",
          "ids": ids, "pad": pad},
         {"label": f"the {n} held-out sentences (the word after the final 'it')", "tags": ("resolve",),
          "kind": "resolve", "ids": ids, "pronoun": pronoun, "pad": pad},
-        {"label": f"{CAUSAL_EXAMPLES} held-out sentences (the logits at the final 'it' with and without the rest "
-                  "of the sentence)", "tags": ("causal",), "kind": "causal", "ids": ids[pick],
-         "pronoun": pronoun[pick], "pad": pad},
     ]
 
 
@@ -89,11 +82,7 @@ def run_model(model, case):
             last = {}
             for T, rows in _by_length(pronoun):  # prompts ending with the final "it", one batch per length
                 last.update(zip(rows, model(X[rows, :T])[0][:, -1]))
-            prefix = torch.stack([last[i] for i in range(len(X))])
-            if case["kind"] == "resolve":
-                return {"pred": prefix.argmax(-1)}
-            full = model(X)[0][torch.arange(len(X)), pronoun]  # the same position, the whole sentence fed
-            return {"prefix": prefix.float(), "full": full.float()}
+            return {"pred": torch.stack([last[i] for i in range(len(X))]).argmax(-1)}
     finally:
         if hasattr(model, "train"):
             model.train(was_training)
@@ -130,27 +119,15 @@ def judge_model(case, got):
             return (f"the held-out loss is {loss:.3f}, below {C.LEAK_THRESHOLD}: the model sees the word it "
                     "predicts (the causal mask)")
         return None
-    pronoun = case["pronoun"].numpy()
-    if case["kind"] == "resolve":
-        pred, why = _array(got, "pred", "predictions")
-        if why:
-            return why
-        if pred.shape != (len(ids),) or pred.dtype.kind not in "iu":
-            return f"its predictions have shape {pred.shape} and dtype {pred.dtype}, expected ({len(ids)},) integers"
-        acc = float((pred == ids[np.arange(len(ids)), pronoun + 1]).mean())
-        if acc < C.ACCURACY_THRESHOLD:
-            return f"it names the right noun after the final 'it' in {acc:.1%} of the held-out sentences"
-        return None
-    prefix, why = _array(got, "prefix", "logits of the prompts")
-    full, why2 = _array(got, "full", "logits of the whole sentences")
-    if why or why2:
-        return why or why2
-    if prefix.shape != full.shape or prefix.ndim != 2 or prefix.shape[0] != len(ids):
-        return f"its logits have shapes {prefix.shape} and {full.shape}"
-    diff = np.abs(prefix.astype(np.float64) - full.astype(np.float64))
-    if not np.all(np.isfinite(diff)) or diff.max(initial=0.0) > C.TRAINED_LOGIT_TOL:
-        return ("its logits at the final 'it' change when the rest of the sentence is fed too (by up to "
-                f"{np.nan_to_num(diff, nan=np.inf).max():.3g}): decoding with a cache cannot match it")
+    pronoun = case["pronoun"].numpy()  # (the other case: the word after the final "it")
+    pred, why = _array(got, "pred", "predictions")
+    if why:
+        return why
+    if pred.shape != (len(ids),) or pred.dtype.kind not in "iu":
+        return f"its predictions have shape {pred.shape} and dtype {pred.dtype}, expected ({len(ids)},) integers"
+    acc = float((pred == ids[np.arange(len(ids)), pronoun + 1]).mean())
+    if acc < C.ACCURACY_THRESHOLD:
+        return f"it names the right noun after the final 'it' in {acc:.1%} of the held-out sentences"
     return None
 
 
@@ -174,7 +151,10 @@ def rebuild_model(namespace, state):
 MODEL_CELLS = {
     "test_trained": aspect("loss"),
     "test_resolves_it": aspect("resolve"),
-    "test_generate_trained": aspect("causal"),
+    # (issue 42: the trained model is only decoded in this cell, whose kernel check compares cached decoding
+    # with its parts wired as the course's model; a model that sees later tokens loses test_trained. The
+    # decoder is re-checked on random models: exercises.capstone's elsewhere)
+    "test_generate_trained": aspect("(no case: the cell judges the decoder, not the trained model)"),
 }
 
 register(
