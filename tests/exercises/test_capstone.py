@@ -16,6 +16,7 @@ from firstprinciples.exercises import transformer_block as tb
 from firstprinciples.grading import declared
 
 PIECES = {e.piece: e for e in exercises.pieces("capstone")}
+TransformerBlock = A.TransformerBlock  # the notebook's own block, for the models written here (their globals)
 MISTAKES = {(e.piece, m.label): m.fn for e in PIECES.values() for m in e.mistakes}
 
 
