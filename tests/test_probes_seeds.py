@@ -69,11 +69,15 @@ def _correct_answers():
 @pytest.mark.parametrize("notebook, piece, name, answer, others", _correct_answers(),
                          ids=lambda v: v if isinstance(v, str) else "")
 def test_correct_answers_pass_on_every_seed(notebook, piece, name, answer, others):
+    import importlib
+
     from course import SOLUTIONS
 
     nb = nbformat.read(SOLUTIONS / notebook, as_version=4)
+    # (the cells still graded by the old apparatus, the capstone's trained model: no model in this namespace)
+    old = set(getattr(importlib.import_module(f"firstprinciples.exercises.{notebook.split('/')[0]}"), "OLD_APPARATUS", ()))
     failures = {}
     for seed in SEEDS:
         verdicts = trusted.local_verdicts(nb, {**others, piece: answer}, seed)
-        failures.update({(seed, cell): why for cell, why in verdicts.items() if why})
+        failures.update({(seed, cell): why for cell, why in verdicts.items() if why and cell not in old})
     assert not failures, f"{name}: " + "\n".join(f"seed {s}, {cell}: {why}" for (s, cell), why in sorted(failures.items())[:5])

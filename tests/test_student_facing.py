@@ -18,8 +18,9 @@ from firstprinciples.guard import call_without
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 CELLS = [
-    "import math, torch\nfrom firstprinciples.checks import attention as A\n"
-    "from firstprinciples.grading.declared import check_for\ncheck = check_for('attention')",
+    "import math, torch\n"
+    "from firstprinciples.grading.declared import check_for\ncheck = check_for('attention')\n"
+    "recap = check_for('capstone')",
     # In[2]: no 1/sqrt(d_k)
     "def no_scaling(Q, K, V, mask=None):\n"
     "    w = torch.softmax(Q @ K.transpose(-2, -1) + (0 if mask is None else mask), dim=-1)\n"
@@ -30,7 +31,7 @@ CELLS = [
     "    scores = Q @ K.T / math.sqrt(Q.shape[-1])\n"
     "    w = torch.softmax(scores, dim=-1)\n"
     "    return w @ V, w",
-    "A.check_batched_worked_example(dot_T)",  # In[5]: the student's error
+    'recap("test_scaled_dot_product_attention", dot_T)',  # In[5]: the student's error
     "assert False, 'a test of my own'",  # In[6]: the student's own failing cell
 ]
 

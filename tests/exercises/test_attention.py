@@ -10,7 +10,6 @@ import torch
 
 from exercises import attention_answers as A
 from firstprinciples import exercises
-from firstprinciples.checks import attention as recap
 from firstprinciples.grading import declared
 
 EXERCISE = exercises.load("attention")
@@ -138,9 +137,14 @@ def test_the_tests_that_judge_no_values_keep_wrong_values(answer, kept):
 
 
 # ---------------------------------------------------------------- the later notebooks' recap
+def recap_cell(answer):
+    """The later notebooks' recap cell (transformer_block's and the capstone's, both declared)."""
+    declared.check_for("capstone")("test_scaled_dot_product_attention", answer)
+
+
 @pytest.mark.parametrize("answer", list(A.CORRECT.values()), ids=list(A.CORRECT))
 def test_the_recap_passes_correct_answers(answer):
-    recap.check_batched_worked_example(answer)
+    recap_cell(answer)
 
 
 @pytest.mark.parametrize("answer, phrases", [
@@ -152,7 +156,7 @@ def test_the_recap_passes_correct_answers(answer):
     (A.calls_torch_builtin, ["scaled_dot_product_attention", "scores 0"]),
 ])
 def test_the_recap_fails_wrong_answers_and_says_why(answer, phrases):
-    text = str(failure(recap.check_batched_worked_example, answer))
+    text = str(failure(recap_cell, answer))
     for phrase in phrases:
         assert phrase in text, f"{phrase!r} not in:\n{text}"
 

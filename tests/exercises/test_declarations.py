@@ -89,7 +89,9 @@ def test_each_declaration_is_named_as_its_assignment_and_covers_its_notebook(nam
     cells = {nbgrader_meta(c)["grade_id"] for c in notebook(name).cells
              if nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution")}
     declared_tests = [gid for ex in exercises.pieces(name) for gid in ex.tests]
-    assert sorted(declared_tests) == sorted(cells), "every test cell declared once, by one piece"
+    # (cells an assignment names as still graded by the old checks and probes: the capstone's trained model)
+    old = set(getattr(importlib.import_module(f"firstprinciples.exercises.{name}"), "OLD_APPARATUS", ()))
+    assert sorted(declared_tests) == sorted(cells - old), "every test cell declared once, by one piece"
 
 
 @pytest.mark.parametrize("exercise", _params("exercise"))

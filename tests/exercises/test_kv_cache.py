@@ -325,14 +325,13 @@ def test_the_checks_leave_the_global_rng_alone():
 
 # ---------------------------------------------------------------- the capstone's cells, judged by this declaration
 def test_the_capstones_recaps_run_this_declaration(capsys):
-    from firstprinciples.checks import kv_cache as kv_checks
-
-    kv_checks.check_kv_cache(A.CatCache, full=False)
-    kv_checks.check_one_token_at_a_time(notebook()["cached_attention_step"])
+    capstone = declared.check_for("capstone")
+    capstone("recap_kv_cache", A.CatCache)
+    capstone("test_cached_attention_step", notebook()["cached_attention_step"])
     with pytest.raises(AssertionError, match="len counts appends"):
-        kv_checks.check_kv_cache(mistake(CACHE, "len counts appends"), full=False)
+        capstone("recap_kv_cache", mistake(CACHE, "len counts appends"))
     with pytest.raises(AssertionError, match="W_k and W_v changed after every call"):
-        kv_checks.check_one_token_at_a_time(A.step_recomputes_elsewhere)
+        capstone("test_cached_attention_step", A.step_recomputes_elsewhere)
 
 
 @functools.lru_cache(maxsize=None)

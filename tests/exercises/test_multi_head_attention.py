@@ -12,7 +12,6 @@ import torch
 from course import as_answer
 from exercises import multi_head_attention_answers as A
 from firstprinciples import exercises, reference
-from firstprinciples.checks import multihead as recap
 from firstprinciples.exercises import multi_head_attention as D
 from firstprinciples.grading import declared
 
@@ -169,17 +168,6 @@ def test_the_tests_that_judge_no_values_keep_wrong_values(answer, kept):
     assert kept not in failed and "test_mha_against_reference" in failed, failed
 
 
-def test_the_reference_mha_helper_kept_for_the_block_checks_equals_the_reference_module():
-    """``checks.multihead.reference_mha`` (kept for checks.block) computes the reference module."""
-    g = torch.Generator().manual_seed(1)
-    mats = tuple(torch.randn(12, 12, generator=g, dtype=torch.float64) / math.sqrt(12) for _ in range(4))
-    x = torch.randn(3, 4, 12, generator=g, dtype=torch.float64)
-    module = reference.MultiHeadAttention(12, 3).double()
-    recap.load_mha_weights(module, mats)
-    for got, want in zip(recap.reference_mha(x, *mats, 3), module(x)):
-        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
-
-
 # ---------------------------------------------------------------- the notebook, with the seed pasted in
 def test_seed_pasted_into_the_notebook_gets_every_point(tmp_path):
     """The source notebook with the seed's attention function and MultiHeadAttention pasted into their
@@ -200,14 +188,20 @@ def test_seed_pasted_into_the_notebook_gets_every_point(tmp_path):
 
 
 # ---------------------------------------------------------------- the later notebooks' recaps
-RECAPS = {"split_heads": recap.check_split_heads, "merge_heads": recap.check_merge_heads,
-          "MultiHeadAttention": recap.check_mha_against_reference}
+def _cell(notebook, grade_id):
+    return lambda answer: declared.check_for(notebook)(grade_id, answer)
+
+
+# (the transformer block's recap cells, as the capstone's: both notebooks declare them)
+RECAPS = {"split_heads": _cell("transformer_block", "recap_split_heads"),
+          "merge_heads": _cell("capstone", "recap_merge_heads"),
+          "MultiHeadAttention": _cell("capstone", "test_multi_head_attention")}
 
 
 @pytest.mark.parametrize("piece, answer", [(p, fn) for p, table in A.CORRECT.items() if p in RECAPS
                                            for fn in table.values()])
 def test_the_recaps_pass_correct_answers(piece, answer):
-    RECAPS[piece](answer, full=False)
+    RECAPS[piece](answer)
 
 
 @pytest.mark.parametrize("piece, answer, phrases", [
@@ -224,13 +218,6 @@ def test_the_recaps_fail_wrong_answers_and_say_why(piece, answer, phrases):
     text = str(failure(RECAPS[piece], answer))
     for phrase in phrases:
         assert phrase in text, f"{phrase!r} not in:\n{text}"
-
-
-def test_a_full_recap_runs_this_notebooks_tests():
-    """``full=True`` (no later notebook asks for it) runs every test of the piece here: the gradient
-    test catches a forgotten W_o's missing gradient too."""
-    text = str(failure(recap.check_mha_against_reference, MISTAKES["W_o forgotten"], True))
-    assert "W_o forgotten" in text, text
 
 
 def _recheck_reasons(notebook: str, piece: str, answer, seed: int = 0) -> dict:

@@ -9,7 +9,6 @@ import torch
 
 from exercises import transformer_block_answers as A
 from firstprinciples import exercises, reference
-from firstprinciples.checks import block as recap
 from firstprinciples.exercises import transformer_block as D
 from firstprinciples.grading import declared
 
@@ -119,19 +118,6 @@ def test_the_weights_are_loaded_by_name_wherever_the_module_keeps_them():
     assert ours == D.block_structure_data(reference.TransformerBlock(16, 4))["parameter list"], ours
 
 
-def test_the_reference_block_function_kept_for_the_capstone_equals_the_reference_module():
-    """``checks.block.reference_block`` (kept for checks.capstone) computes the reference module."""
-    g = torch.Generator().manual_seed(1)
-    P = recap.random_block_parameters(g, 16, torch.float64)
-    x = torch.randn(2, 6, 16, generator=g, dtype=torch.float64)
-    mask = torch.triu(torch.full((6, 6), float("-inf"), dtype=torch.float64), diagonal=1)
-    module = reference.TransformerBlock(16, 4).double().eval()
-    recap.load_block(module, P)
-    for got, want in zip(recap.reference_block(x, P, 4, mask), module(x, mask)):
-        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
-    assert recap.block_parameter_count(128) == 197_760 == sum(p.numel() for p in module.__class__(128, 4).parameters())
-
-
 # ---------------------------------------------------------------- the notebook, with the seed pasted in
 def test_seed_pasted_into_the_notebook_gets_every_point(tmp_path):
     """The source notebook with the seed's attention function, MultiHeadAttention, FeedForward and
@@ -153,13 +139,17 @@ def test_seed_pasted_into_the_notebook_gets_every_point(tmp_path):
 
 
 # ---------------------------------------------------------------- the capstone's recaps and cells
-RECAPS = {"FeedForward": recap.check_ffn_values, "TransformerBlock": recap.check_block_against_reference}
+def _capstone_cell(grade_id):
+    return lambda answer: declared.check_for("capstone")(grade_id, answer)
+
+
+RECAPS = {"FeedForward": _capstone_cell("recap_feed_forward"), "TransformerBlock": _capstone_cell("test_transformer_block")}
 
 
 @pytest.mark.parametrize("piece, answer", [(p, fn) for p, table in A.CORRECT.items() if p in RECAPS
                                            for fn in table.values()])
 def test_the_recaps_pass_correct_answers(piece, answer):
-    RECAPS[piece](answer, full=False)
+    RECAPS[piece](answer)
 
 
 @pytest.mark.parametrize("piece, answer, phrases", [
@@ -169,7 +159,7 @@ def test_the_recaps_pass_correct_answers(piece, answer):
     ("TransformerBlock", A.CallsEncoderLayer, ["scores 0"]),
 ])
 def test_the_recaps_fail_wrong_answers_and_say_why(piece, answer, phrases):
-    text = str(failure(RECAPS[piece], answer, False))
+    text = str(failure(RECAPS[piece], answer))
     for phrase in phrases:
         assert phrase in text, f"{phrase!r} not in:\n{text}"
 
@@ -201,5 +191,7 @@ def test_the_capstone_cells_are_re_checked_by_the_declaration():
     assert found["recap_feed_forward"], found
     found = _recheck_reasons(nb, "TransformerBlock", as_answer(MISTAKES[("TransformerBlock", "post-LN instead of pre-LN")]))
     assert found["test_transformer_block"], found
-    assert all(found[gid] is None for gid in D.AS_A_PART), found
+    # (the capstone's model cells call check(...) on StudentGPT alone now: only its trained model's cells
+    # still pass TransformerBlock along)
+    assert all(found[gid] is None for gid in D.AS_A_PART if gid in found), found
     assert not any(_recheck_reasons(nb, "TransformerBlock", A.GoodBlock).values())
