@@ -32,7 +32,7 @@ from torch import nn
 
 from firstprinciples import reference
 from firstprinciples.capstone import make_corpus
-from firstprinciples.capstone.model import TinyGPT, generate_greedy, load_trained
+from firstprinciples.capstone.model import load_trained
 from firstprinciples.capstone.train import train
 from firstprinciples.checks import capstone as C
 from checktable import assert_passes, outcome, rejections_test, variants_test

@@ -14,7 +14,7 @@ softmax(Q K^T / sqrt(d_k) + mask) V over any leading (batch, head) dimensions. D
   quarter of them on the secret cases of 40 seeds, large float32 scores included.
 - Later notebooks run ``test_scaled_dot_product_attention``, a one-point recap of this piece, with
   the cases of ``RECAP`` below (the worked example inside a batch of heads, without and with the
-  causal mask), through ``firstprinciples.checks.attention.check_batched_worked_example``.
+  causal mask), declared in each of those notebooks with ``exercises.recap``.
 """
 from __future__ import annotations
 
@@ -370,8 +370,8 @@ EXERCISE = Exercise(
 
 # The later notebooks' one-point recap (their cell test_scaled_dot_product_attention): this piece as
 # multi-head attention calls it, the worked example inside a batch of two sequences of two heads,
-# without a mask and with the causal mask, which broadcasts over the batch and the heads. Run in the
-# kernel only (firstprinciples.checks.attention.check_batched_worked_example).
+# without a mask and with the causal mask, which broadcasts over the batch and the heads (the
+# later notebooks' declarations make their recaps from it).
 # In the re-check, their cell is judged on the secret worked-example-sized cases, as before the
 # declaration (``elsewhere``).
 RECAP_ID = "test_scaled_dot_product_attention"

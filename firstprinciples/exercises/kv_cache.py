@@ -36,7 +36,7 @@ Decisions stated once:
   ``generate`` feeds each output back in, which grows rounding from step to step: float32 cases keep
   n_new <= 4 (the secret longer runs are float64).
 - Later notebooks: the capstone runs this exercise's ``recap_kv_cache`` (``CACHE_RECAP``) and
-  ``test_cached_attention_step`` (``STEP_RECAP``) through ``firstprinciples.checks.kv_cache``; its
+  ``test_cached_attention_step`` (``STEP_RECAP``), declared in ``exercises/capstone.py``; its
   cached generation cells (``test_generate_cached``, ``test_generate_trained``) are judged here on
   the K and V that ``append`` returns (``elsewhere``).
 """
@@ -953,6 +953,6 @@ GENERATE = Exercise(
 
 PIECES = (CACHE, STEP, GENERATE)
 
-# The capstone's recaps, run in its kernel by firstprinciples.checks.kv_cache until it is declared.
+# What the capstone's recaps are made from (exercises/capstone.py).
 CACHE_RECAP = dataclasses.replace(CACHE, tests={CACHE_RECAP_ID: CACHE_RECAP_TEST}, elsewhere={})
 STEP_RECAP = dataclasses.replace(STEP, tests={STEP_RECAP_ID: STEP.elsewhere[STEP_RECAP_ID]}, elsewhere={})

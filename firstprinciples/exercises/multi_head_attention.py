@@ -30,7 +30,7 @@ Decisions stated once:
 - Values are compared with the defaults of ``grading.compare``: four d_model-term products and a
   T-term softmax in float32 move a correct answer by a few units of 1e-7 relative.
 - The later notebooks (transformer_block, capstone) run recaps of the three pieces
-  (``firstprinciples.checks.multihead``: the visible cases of ``SPLIT_RECAP``, ``MERGE_RECAP``,
+  (their declarations' ``exercises.recap``, from the visible cases of ``SPLIT_RECAP``, ``MERGE_RECAP``,
   ``MHA_RECAP``); the re-check judges their cells by ``elsewhere`` below (``test_split_heads`` and
   ``test_merge_heads`` keep their names there and are judged as here).
 - This notebook's own recap of ``scaled_dot_product_attention`` (``test_scaled_dot_product_attention``)
@@ -747,8 +747,7 @@ ATTENTION_RECAP = recap(
 
 PIECES = (ATTENTION_RECAP, SPLIT_EXERCISE, MERGE_EXERCISE, MHA_EXERCISE)
 
-# The later notebooks' recaps (transformer_block, capstone), run in their kernels by
-# firstprinciples.checks.multihead until those notebooks are declared: the visible cases of this
+# What the later notebooks' recaps (transformer_block, capstone) are made from: the visible cases of this
 # notebook's tests, judged as their cells are in the re-check (``elsewhere`` above).
 SPLIT_RECAP = dataclasses.replace(SPLIT_EXERCISE, tests={RECAP_SPLIT: SPLIT_EXERCISE.elsewhere[RECAP_SPLIT]})
 MERGE_RECAP = dataclasses.replace(MERGE_EXERCISE, tests={RECAP_MERGE: MERGE_EXERCISE.elsewhere[RECAP_MERGE]})

@@ -38,7 +38,7 @@ Decisions stated once:
   its gradient cases are compared with the reference's gradients (values).
 - Every test fails an answer that calls PyTorch's transformer layers or attention, or the course's
   pieces; every test that calls forward, an answer that changes its input, its mask or its weights.
-- The capstone (not declared yet) runs recaps of both pieces (``firstprinciples.checks.block``: the
+- The capstone runs recaps of both pieces (``exercises/capstone.py``, from the
   visible cases of ``FFN_RECAP`` and ``BLOCK_RECAP``); the re-check judges its cells by ``elsewhere``
   below (``recap_feed_forward``, ``test_transformer_block``; its cells that only pass
   TransformerBlock along as a part of the model judge no case of it: ``AS_A_PART``).
@@ -903,7 +903,7 @@ MHA_RECAP = recap(mha.MHA_RECAP, NAME, dict(mha.MHA_RECAP.tests), visible=mha.MH
 
 PIECES = (ATTENTION_RECAP, SPLIT_RECAP, MERGE_RECAP, MHA_RECAP, FFN_EXERCISE, BLOCK_EXERCISE)
 
-# The capstone's recaps, run in its kernel by firstprinciples.checks.block until it is declared: the
+# What the capstone's recaps are made from (exercises/capstone.py): the
 # visible cases of this notebook's tests tagged "small", judged as its cells are in the re-check.
 FFN_RECAP = dataclasses.replace(FFN_EXERCISE, visible=tuple(c for c in FFN_EXERCISE.visible if "small" in c["tags"]),
                                 tests={RECAP_FFN: FFN_EXERCISE.elsewhere[RECAP_FFN]})

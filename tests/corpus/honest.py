@@ -21,8 +21,8 @@ work, not the answer using the built-in. A grader must give every entry full
 marks; ``tests/corpus/verify_honest.py`` runs them in a plain kernel.
 
 ``kv_own_helper_extend`` calls a helper method of its own ``KVCache`` from
-``cached_attention_step``: the checks and the probes hand the step the student's own
-cache (``checks.kv_cache.step_cache``).
+``cached_attention_step``: both runners hand the step the student's own
+cache (the declaration's ``needs``).
 """
 from __future__ import annotations
 

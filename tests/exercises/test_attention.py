@@ -1,6 +1,6 @@
 """attention: what the generic harness does not cover: the messages a student reads (in the notebook
 and in the re-check), the seed's own attention, the tests that judge no values, and the recap that
-later notebooks run (``firstprinciples.checks.attention.check_batched_worked_example``)."""
+later notebooks run (``attention.RECAP``, which their declarations recap)."""
 from __future__ import annotations
 
 import math

@@ -190,8 +190,8 @@ def test_the_recap_fails_wrong_answers_and_says_why(answer, phrases):
 
 
 def test_the_recap_is_the_attention_exercises_recap():
-    """The cell runs the cases of the attention exercise's recap (which the notebooks not yet declared
-    run through firstprinciples.checks.attention), and is re-checked by the attention exercise's probe."""
+    """The cell runs the cases of the attention exercise's recap (which the later notebooks'
+    declarations recap too), and is re-checked by the attention exercise's probe."""
     attention = exercises.load("attention")
     from firstprinciples.exercises.attention import RECAP as ATTENTION_RECAP
 

@@ -2,7 +2,7 @@
 KVCache handed to the step (helper methods, a broken cache), caching judged by what the answer computes
 (the weights that change between calls; the red team's generation by ``layer.weight``), the honest
 notebook in both runners, and the capstone's cells judged by this declaration (its recaps, run through
-``firstprinciples.checks.kv_cache``, and the cache as a part of its cached generation)."""
+the capstone's declaration, and the cache as a part of its cached generation)."""
 from __future__ import annotations
 
 import functools

@@ -1,17 +1,15 @@
 """multi_head_attention: what the generic harness does not cover: the messages a student reads (in the
 notebook and in the re-check), the seed pasted into the notebook, the tests that judge no values, the
 module's adapter (seeds, structure, weights by name), the recaps that later notebooks run
-(``firstprinciples.checks.multihead``) and how the re-check judges their cells."""
+(declared in their notebooks with ``exercises.recap``) and how the re-check judges their cells."""
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 
 from course import as_answer
 from exercises import multi_head_attention_answers as A
-from firstprinciples import exercises, reference
+from firstprinciples import exercises
 from firstprinciples.exercises import multi_head_attention as D
 from firstprinciples.grading import declared
 

@@ -1,7 +1,7 @@
 """transformer_block: what the generic harness does not cover: the messages a student reads (in the
 notebook and in the re-check), dropout judged by its distribution (issue 38), the modules' adapters
 (weights by name, the caller's random state), the seed pasted into the notebook, and the capstone's
-recaps (``firstprinciples.checks.block``) and cells, judged by this declaration."""
+recaps (declared in ``exercises/capstone.py``) and cells, judged by this declaration."""
 from __future__ import annotations
 
 import pytest
