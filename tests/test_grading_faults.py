@@ -260,3 +260,74 @@ def test_a_piece_that_kills_its_kernel_is_named_and_not_run_again(graded):
     notes = graded[5]["dies_every_call"]
     assert notes.count("the kernel died") == 1 and "in project_qkv" in notes, notes
     assert graded[1]["dies_every_call"] == 6
+
+
+# ---------------------------------------------------------------- a piece that hangs inside another one
+# multi_head_attention: MultiHeadAttention's forward calls merge_heads. A merge_heads that never returns
+# waits for the cell timeout once, in its own test; the first course cell that calls MultiHeadAttention
+# ("try it") then runs with the shorter dependent_timeout, times out there, and every later test of
+# MultiHeadAttention fails at once: two waits, not one per cell (issue 43: 193 s for one student).
+MHA, MHA_NB = "multi_head_attention", "multi_head_attention"
+MHA_TIMEOUT, DEPENDENT = 20, 8
+MERGE_HANGS = '''def merge_heads(x):
+    """(B, n_heads, T, d_k) -> (B, T, n_heads * d_k)."""
+    while True:
+        pass
+'''
+# names merge_heads (kept as an attribute) but merges on its own: it never calls the hanging piece, so
+# it runs within the shorter limit and keeps every point (what the code does decides, not its names)
+OWN_MERGE = ("\n    merge = staticmethod(merge_heads)  # (kept, never called)\n",
+             "self.W_o(merge_heads(out))", "self.W_o(out.transpose(1, 2).flatten(2))")
+MHA_CELLS = ("test_mha_structure", "test_mha_against_reference", "test_mha_masks", "test_mha_gradients_and_inputs")
+
+
+@pytest.fixture(scope="module")
+def merge_hangs(tmp_path_factory):
+    course = make_course(tmp_path_factory.mktemp("merge-hangs"))
+    nbgrader(course, "generate_assignment", MHA, "--force")
+    release = nbformat.read(course / "exercises" / MHA / f"{MHA_NB}.ipynb", as_version=4)
+    correct = solution_answers(nbformat.read(SOLUTIONS / MHA / f"{MHA_NB}.ipynb", as_version=4))
+    extra, old, new = OWN_MERGE
+    own = correct["MultiHeadAttention"].replace(old, new)
+    own = own.replace('    """\n\n    def __init__', '    """\n' + extra + '\n    def __init__', 1)
+    assert own.count("staticmethod(merge_heads)") == 1 and new in own
+    for student, answers in {"calls_it": {**correct, "merge_heads": MERGE_HANGS},
+                             "merges_on_its_own": {**correct, "merge_heads": MERGE_HANGS, "MultiHeadAttention": own}
+                             }.items():
+        target = course / "submitted" / student / MHA
+        target.mkdir(parents=True)
+        nbformat.write(fill(release, answers), target / f"{MHA_NB}.ipynb")
+    nbgrader(course, "autograde", MHA, f"--Execute.timeout={MHA_TIMEOUT}", "--RobustExecute.probe_timeout=5",
+             f"--RobustExecute.dependent_timeout={DEPENDENT}", "--RobustExecute.recheck_piece_timeout=10", timeout=1800)
+    nbgrader(course, "export")
+    with open(course / "grades.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    notebooks = {s: nbformat.read(course / "autograded" / s / MHA / f"{MHA_NB}.ipynb", as_version=4)
+                 for s in ("calls_it", "merges_on_its_own")}
+    return ({r["student_id"]: float(r["score"]) for r in table}, {r["student_id"]: r.get("notes", "") for r in table},
+            notebooks)
+
+
+def _waited(nb) -> list:
+    return [nbgrader_meta(c).get("grade_id") for c in nb.cells
+            if any(o.get("ename") == "CellTimeoutError" for o in c.get("outputs", []))]
+
+
+def test_a_piece_that_hangs_inside_another_costs_two_waits(merge_hangs):
+    rows, notes, nbs = merge_hangs
+    nb = nbs["calls_it"]
+    assert _waited(nb) == ["test_merge_heads", "try_mha"], _waited(nb)
+    for cell in nb.cells:
+        if nbgrader_meta(cell).get("grade_id") in MHA_CELLS:
+            text = " ".join(str(o.get("evalue", "")) for o in cell.outputs)
+            assert f"MultiHeadAttention did not return within {DEPENDENT} s in try_mha" in text, text
+            assert "fails at once" in text, text
+    assert rows["calls_it"] == 3  # the attention recap and split_heads
+    assert f"merge_heads did not return within {MHA_TIMEOUT} s" in notes["calls_it"], notes["calls_it"]
+    assert f"within {DEPENDENT} s (a shorter limit: it calls merge_heads, which had hung)" in notes["calls_it"], notes
+
+
+def test_a_piece_that_names_a_hung_one_without_calling_it_keeps_its_points(merge_hangs):
+    rows, notes, nbs = merge_hangs
+    assert _waited(nbs["merges_on_its_own"]) == ["test_merge_heads"]
+    assert rows["merges_on_its_own"] == 11, notes["merges_on_its_own"]  # all but merge_heads's 2

@@ -69,6 +69,10 @@ class RobustExecute(Execute):
     max_restarts = Integer(10, help="Fresh kernels at most per notebook; after that the remaining cells fail.").tag(config=True)
     trusted_verdicts = Bool(True, help="Re-check graded objects outside the kernel (firstprinciples.grading.trusted).").tag(config=True)
     notebook_timeout = Integer(300, help="Seconds of cell execution one notebook may use; later cells are not run.").tag(config=True)
+    dependent_timeout = Integer(10, help="Seconds a course cell may run once a graded piece that it calls through "
+                                "another one has hung (MultiHeadAttention using a merge_heads that did not return): "
+                                "it runs, with this shorter limit, instead of waiting for the whole cell timeout "
+                                "again.").tag(config=True)
     recheck_timeout = Float(300.0, help="Seconds the trusted re-check of one notebook may use in all.").tag(config=True)
     recheck_piece_timeout = Float(120.0, help="Seconds the trusted re-check may spend on one piece (watched, code with many small torch calls runs several times slower than in the kernel).").tag(config=True)
     recheck_service = Bool(None, allow_none=True, help="Make the trusted re-check's decisions in a child of "
@@ -147,11 +151,14 @@ class RobustExecute(Execute):
         self._budget_end = None
         self._cell_limit = self.timeout
         self._timed_out = False  # the last cell run went past its timeout
-        self._hung: dict[str, str] = {}  # graded piece -> the test cell it did not return in
+        # graded piece -> the course cell it did not return in ([cell, seconds] when that cell had the
+        # shorter dependent_timeout)
+        self._hung: dict[str, str | list] = {}
         self._died: dict[str, str] = {}  # graded piece -> the course cell whose call of it killed the kernel
         self._slow: set[int] = set()  # indices of non-test cells that ran past their timeout
         self._seconds: dict[int, float] = {}  # test cell index -> seconds it took in the kernel
         self._tested = None  # test cell index -> the pieces it uses, once asked for (``_cells``)
+        self._infos = None  # the notebook's cells, parsed, once a piece has hung (``_calls_hung``)
         self._seed = self._sources = None  # the re-check's seed and the course's sources (_plan_inputs)
         run_sync(self._execute_all)()
         return self.nb, self.resources
@@ -280,14 +287,15 @@ class RobustExecute(Execute):
                     failed_at_once.setdefault(p, []).append(_grade_id(cell) or f"cell {index + 1}")
                 continue
             started = time.monotonic()
-            fault = await self._run(cell, index)
+            waits_on = self._calls_hung(cell, index, tested) if self._hung else []
+            fault = await self._run(cell, index, self.dependent_timeout if waits_on else None)
             if cell.get("metadata", {}).get("nbgrader", {}).get("grade", False) and fault is None \
                     and not self._timed_out:
                 self._seconds[index] = time.monotonic() - started  # (slow tests: their piece's re-check gets more)
             if self._timed_out:
                 pieces = tested().get(index) or []
                 all_pieces = sorted({p for ps in tested().values() for p in ps})
-                self._note_timeout(cell, index, pieces, all_pieces, stopped=fault is None)
+                self._note_timeout(cell, index, pieces, all_pieces, stopped=fault is None, waits_on=waits_on)
                 if self._hung or self._slow:
                     self._abandon_ahead()
             elif fault is not None:
@@ -311,11 +319,35 @@ class RobustExecute(Execute):
 
     # ------------------------------------------------------------ hangs
     def _hung_reason(self, pieces) -> str:
-        said = [f"Your {p} did not return within {self._cell_limit} s in {self._hung[p]}" for p in pieces
-                if p in self._hung]
+        said = [f"Your {p} did not return within {within} s in {where}" for p in pieces if p in self._hung
+                for where, within in (self._hung[p] if isinstance(self._hung[p], list) else
+                                      [self._hung[p], self._cell_limit],)]
         said += [f"Your {p} killed the kernel (it crashed or went over the memory limit) in {self._died[p]}"
                  for p in pieces if p in self._died and p not in self._hung]
         return "; ".join(said) + "."
+
+    def _calls_hung(self, cell, index: int, tested) -> list:
+        """The hung pieces that a course cell (a test, or a locked cell such as "try it") reaches
+        through the pieces it calls: those defined in the cells its pieces depend on (by the names
+        the cells use, ``scan.dependencies``), other than the pieces themselves. Such a cell runs
+        with ``dependent_timeout``: what it does still decides, only the wait is shorter."""
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if not (meta.get("grade") or meta.get("locked")) or meta.get("solution"):
+            return []
+        all_pieces = {p for ps in tested().values() for p in ps}
+        pieces = set(tested().get(index) or [])
+        if not pieces:
+            tree = scan.parse(cell.source)
+            pieces = (scan.loaded_names(tree) & all_pieces) if tree is not None else set()
+        if not pieces or all(p in self._hung for p in pieces):
+            return []
+        if self._infos is None:
+            self._infos = scan.cell_infos(self.nb)
+        reached = set()
+        for p in pieces - set(self._hung):
+            for info in scan.dependencies(self._infos, p):
+                reached |= info.defines
+        return sorted((reached & set(self._hung)) - pieces)
 
     def _died_in(self, cell, index: int, tested) -> list:
         """The kernel died while a course cell (a test, or a locked cell such as "try it") ran: the
@@ -336,11 +368,14 @@ class RobustExecute(Execute):
         self._died.setdefault(pieces[0], _grade_id(cell) or f"code cell {index + 1}")
         return pieces
 
-    def _note_timeout(self, cell, index: int, pieces: list, all_pieces: list, stopped: bool = True) -> None:
-        """A cell ran past its timeout: remember the graded piece that did not return (the
-        innermost one in the interrupted traceback, else the only graded piece the cell calls),
-        or else the cell itself, and say so in the notes. ``stopped``: the interrupt stopped it
-        (False: the kernel had to be replaced)."""
+    def _note_timeout(self, cell, index: int, pieces: list, all_pieces: list, stopped: bool = True,
+                      waits_on: list = ()) -> None:
+        """A cell ran past its timeout: remember the graded pieces that did not return (every one
+        in the interrupted traceback: the innermost, and those that were waiting for it, such as
+        MultiHeadAttention in its merge_heads; else the only graded piece the cell calls), or else
+        the cell itself, and say so in the notes. ``stopped``: the interrupt stopped it (False: the
+        kernel had to be replaced); ``waits_on``: the hung pieces it reaches, for which it ran with
+        the shorter ``dependent_timeout``."""
         gid = _grade_id(cell)
         where = gid or f"code cell {index + 1}"
         text = _ANSI.sub("", "\n".join(t for o in cell.get("outputs", []) if o.get("output_type") == "error"
@@ -349,15 +384,17 @@ class RobustExecute(Execute):
         if not pieces:  # a cell that is not a test: the graded pieces its code calls
             tree = scan.parse(cell.source)
             pieces = sorted(scan.loaded_names(tree) & set(all_pieces)) if tree is not None else []
-        culprit = [inner[-1]] if inner else (pieces if len(pieces) == 1 else [])
+        culprit = list(dict.fromkeys(reversed(inner))) if inner else (pieces if len(pieces) == 1 else [])
         # Only the course's own cells (tests, and locked cells such as "try it", which nbgrader
         # restores from the instructor's notebook) say that a piece hangs: their inputs are the
         # course's. A cell of the student's may just call it on something huge.
         meta = cell.get("metadata", {}).get("nbgrader", {})
         if culprit and (meta.get("grade") or meta.get("locked")) and not meta.get("solution"):
             for p in culprit:
-                self._hung.setdefault(p, where)
-            self._add_note(f"{where} timed out: {', '.join(culprit)} did not return within {self.timeout} s")
+                if p not in self._hung:
+                    self._hung[p] = where if not waits_on else [where, self.timeout]  # (where, the shorter limit)
+            self._add_note(f"{where} timed out: {', '.join(culprit)} did not return within {self.timeout} s"
+                           + (f" (a shorter limit: it calls {', '.join(waits_on)}, which had hung)" if waits_on else ""))
             return
         if not meta.get("grade"):
             self._slow.add(index)  # the re-check loads it with a short limit (and a replay, if stopped)
@@ -461,13 +498,16 @@ class RobustExecute(Execute):
         if info is not None and "language_info" in info["content"]:
             self.nb.metadata["language_info"] = info["content"]["language_info"]
 
-    async def _run(self, cell, index) -> str | None:
-        """Run one cell; return a description of the fault, or None."""
+    async def _run(self, cell, index, limit: int | None = None) -> str | None:
+        """Run one cell (within ``limit`` seconds, when shorter than the cell timeout); return a
+        description of the fault, or None."""
         import time
 
         self._timed_out = False
         if self._budget_end is not None:
             self.timeout = max(1, min(self._cell_limit, int(self._budget_end - time.monotonic()) + 1))
+        if limit is not None:
+            self.timeout = max(1, min(self.timeout, int(limit)))
         try:
             await self.async_execute_cell(cell, index, execution_count=self.code_cells_executed + 1)
         except DeadKernelError:

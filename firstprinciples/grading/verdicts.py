@@ -87,8 +87,9 @@ def _recheck(plan, hung: dict, slow, cell_limit: float, limits, sandboxed: bool,
              only=None, second=True) -> tuple[dict, list]:
     """The re-check's outcomes for what the kernel's run showed (``decide``): (name -> Outcome, flags).
     ``second``: as in ``trusted.recheck`` (False: no second tries; ``plan.nb`` is not executed yet)."""
-    plan.hung = {p: f"it did not return within {cell_limit} s in {where} in your notebook, so it was not "
-                    "run again" for p, where in hung.items()}
+    plan.hung = {p: f"it did not return within {within} s in {where} in your notebook, so it was not run again"
+                 for p, at in hung.items()
+                 for where, within in ((at if isinstance(at, list) and len(at) == 2 else [at, cell_limit]),)}
     plan.slow, plan.cell_timeout = set(slow), float(cell_limit)
     return trusted.recheck(plan, _command(sandboxed), limits, cancel, states, only, second)
 
