@@ -370,10 +370,10 @@ class RobustExecute(Execute):
 
     def _note_timeout(self, cell, index: int, pieces: list, all_pieces: list, stopped: bool = True,
                       waits_on: list = ()) -> None:
-        """A cell ran past its timeout: remember the graded pieces that did not return (every one
-        in the interrupted traceback: the innermost, and those that were waiting for it, such as
-        MultiHeadAttention in its merge_heads; else the only graded piece the cell calls), or else
-        the cell itself, and say so in the notes. ``stopped``: the interrupt stopped it (False: the
+        """A cell ran past its timeout: remember the graded pieces that did not return (the
+        innermost one in the interrupted traceback, and, when the cell reached a piece that had
+        hung already, every one it went through; else the only graded piece the cell calls), or
+        else the cell itself, and say so in the notes. ``stopped``: the interrupt stopped it (False: the
         kernel had to be replaced); ``waits_on``: the hung pieces it reaches, for which it ran with
         the shorter ``dependent_timeout``."""
         gid = _grade_id(cell)
@@ -384,7 +384,11 @@ class RobustExecute(Execute):
         if not pieces:  # a cell that is not a test: the graded pieces its code calls
             tree = scan.parse(cell.source)
             pieces = sorted(scan.loaded_names(tree) & set(all_pieces)) if tree is not None else []
-        culprit = list(dict.fromkeys(reversed(inner))) if inner else (pieces if len(pieces) == 1 else [])
+        # (after a shorter wait for a piece that had hung, every piece the interrupted call went
+        # through: MultiHeadAttention waiting in its merge_heads. Otherwise the innermost only: an
+        # outer piece may well return on other inputs, its earlier cells keep their verdicts.)
+        culprit = ((list(dict.fromkeys(reversed(inner))) if waits_on else [inner[-1]]) if inner
+                   else (pieces if len(pieces) == 1 else []))
         # Only the course's own cells (tests, and locked cells such as "try it", which nbgrader
         # restores from the instructor's notebook) say that a piece hangs: their inputs are the
         # course's. A cell of the student's may just call it on something huge.

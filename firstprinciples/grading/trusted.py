@@ -759,13 +759,14 @@ def apply(nb, plan: Plan, outcomes: dict) -> tuple[dict, dict]:
     return failed, flagged
 
 
-def local_verdicts(nb, namespace: dict, seed: int = 0, sources: set | None = None) -> dict:
+def local_verdicts(nb, namespace: dict, seed: int = 0, sources: set | None = None, only: set | None = None) -> dict:
     """Per test cell (grade_id): the trusted re-check's reason for failing it, or None.
 
     The probes run in this process on the objects of ``namespace`` instead of in the
     re-check's runner (for tests of the probes); results still go through the wire
     format and the same watch. The in-kernel outcome is ignored: every test cell is
-    treated as passed.
+    treated as passed. ``only``: the verdicts of the cells that test these pieces only (and of
+    the pieces those cells test besides).
     """
     import copy
 
@@ -776,9 +777,12 @@ def local_verdicts(nb, namespace: dict, seed: int = 0, sources: set | None = Non
         if cell.cell_type == "code":
             cell.outputs = []
     plan = make_plan(nb, seed, sources)
-    outcomes = {c.name: outcome(c, wire.loads(wire.dumps(report(namespace, c.name, c.cases)))) for c in plan.checks}
+    cells = {i: names for i, names in plan.graded.items() if only is None or set(names) & set(only)}
+    wanted = {n for names in cells.values() for n in names}  # (with the pieces those cells also test)
+    outcomes = {c.name: outcome(c, wire.loads(wire.dumps(report(namespace, c.name, c.cases)))) for c in plan.checks
+                if c.name in wanted}
     failed, _ = apply(nb, plan, outcomes)
-    return {nb.cells[i].metadata["nbgrader"]["grade_id"]: failed.get(i) for i in plan.graded}
+    return {nb.cells[i].metadata["nbgrader"]["grade_id"]: failed.get(i) for i in cells}
 
 
 def course_sources(source_notebook: Path) -> set | None:
