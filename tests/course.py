@@ -130,19 +130,27 @@ def as_answer(obj):
     as a student's own code: the same behaviour, not the course's objects. The re-check forbids the
     declarations' own code (mistakes, and the correct helpers some are built on) except the adapters:
     an answer must not borrow them. The harness grades a mistake's behaviour, as a student who wrote
-    it would be graded: so every function and class of its module is copied, recoded
-    (``_recoded``), into a namespace of the copies, and the copy of ``obj`` is returned. Anything
-    else is returned as it is."""
+    it would be graded: so every function and class of its module, and of every other declaration
+    module it reaches (the capstone's mistakes are built on transformer_block's correct attention), is
+    copied, recoded (``_recoded``), into a namespace of copies per module, and the copy of ``obj`` is
+    returned. Anything else is returned as it is."""
     import types
 
-    module = str(getattr(obj, "__module__", ""))
-    if not module.startswith("firstprinciples.exercises.") or not isinstance(obj, (type, types.FunctionType)):
+    prefix = "firstprinciples.exercises."
+    if not str(getattr(obj, "__module__", "")).startswith(prefix) or not isinstance(obj, (type, types.FunctionType)):
         return obj
-    namespace = dict(sys.modules[module].__dict__)
+    namespaces: dict = {}  # module name -> the namespace of its copies
     copies: dict = {}
 
     def ours(value) -> bool:
-        return isinstance(value, (type, types.FunctionType)) and getattr(value, "__module__", None) == module
+        return isinstance(value, (type, types.FunctionType)) and str(getattr(value, "__module__", "")).startswith(prefix)
+
+    def namespace_of(module: str) -> dict:
+        if module not in namespaces:
+            namespaces[module] = namespace = dict(sys.modules[module].__dict__)  # (first: a module reached again
+            for key, value in list(namespace.items()):                          # while it is copied finds it)
+                namespace[key] = copy(value)
+        return namespaces[module]
 
     def function(f, class_cells=None):
         code = _recoded(f.__code__)
@@ -159,13 +167,15 @@ def as_answer(obj):
                 if ours(inner):
                     cell = types.CellType(copy(inner))
             cells.append(cell)
-        new = types.FunctionType(code, namespace, f.__name__, f.__defaults__, tuple(cells) or None)
+        new = types.FunctionType(code, namespace_of(f.__module__), f.__name__, f.__defaults__, tuple(cells) or None)
         new.__kwdefaults__ = f.__kwdefaults__
         return new
 
     def copy(value):
         if not ours(value):
             return value
+        if value.__module__ not in namespaces:  # (its module's copies first: one copy of each object)
+            namespace_of(value.__module__)
         if id(value) in copies:
             return copies[id(value)]
         if isinstance(value, types.FunctionType):
@@ -181,8 +191,6 @@ def as_answer(obj):
         copies[id(value)] = new
         return new
 
-    for key, value in list(namespace.items()):
-        namespace[key] = copy(value)
     return copy(obj)
 
 

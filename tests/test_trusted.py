@@ -955,7 +955,8 @@ def softmax(x, dim=-1):
         except ImportError:
             continue
         raise RuntimeError("importable: " + name)
-    if hasattr(firstprinciples, "reference") or hasattr(firstprinciples, "capstone"):
+    capstone = vars(firstprinciples).get("capstone")  # (its corpus and training loop are the notebook's)
+    if hasattr(firstprinciples, "reference") or (capstone is not None and "model" in vars(capstone)):
         raise RuntimeError("reachable as an attribute of the package")
     e = torch.exp(x - x.amax(dim=dim, keepdim=True))
     return e / e.sum(dim=dim, keepdim=True)

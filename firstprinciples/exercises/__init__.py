@@ -16,7 +16,11 @@ small pure functions, no grading machinery.
 - ``mistakes``: typical wrong answers, each with its message and the test cells it must fail;
 - ``reference``: where the course's implementation lives ("module:name"), resolved only where
   expected results are computed (the grader, or the student's kernel), never in the re-check's
-  runner.
+  runner; "" for a piece that has none (the capstone's trained model): its tests judge the answer's
+  results by their properties alone;
+- ``rebuild``: for an object the notebook trains (the capstone's ``model``), how the re-check builds
+  it again from the notebook's own class and the parameters the kernel ended with, instead of
+  training it a second time.
 
 Two runners read a declaration: ``kernel.check(grade_id, piece)`` (the one line of a test cell)
 and the trusted re-check (``probe(exercise)`` gives the grader its probe). ``cases`` are plain
@@ -72,6 +76,8 @@ class Test:
     then: tuple = ()
     values: bool = True
     structure_only: bool = False
+    # (case, out) -> a line the kernel prints when the case passes (the trained model's loss), or None
+    says: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,7 @@ class Exercise:
     piece: str
     adapter: Callable
     reference: str
-    visible: tuple
+    visible: tuple  # (or a function returning them, for cases read from data when first used)
     secret: Callable
     tests: dict
     call: str = ""  # how the piece is called, for messages: "softmax(x)"
@@ -117,15 +123,23 @@ class Exercise:
     # own KVCache): the re-check's runner loads their cells and calls ``adapter(piece, case, namespace)``;
     # without a namespace (the kernel), the adapter looks them up in the piece's globals
     needs: tuple = ()
+    # an object the notebook trains (the capstone's ``model``): ``rebuild(namespace, state) -> object``
+    # builds it again in the re-check's runner from the notebook's own classes (``rebuilt_from``, loaded
+    # there with their dependencies) and the kernel's parameters (``grading.kernelstate``)
+    rebuild: Callable | None = None
+    rebuilt_from: tuple = ()
 
     def reference_piece(self):
+        if not self.reference:
+            return None
         module, _, attr = self.reference.partition(":")
         return getattr(importlib.import_module(module), attr)
 
     def cases(self, grade_id: str, which: str = "visible", rng=None) -> list:
         """The cases of one test: the visible ones, or the secret ones drawn from ``rng``."""
         tags = self.tests[grade_id].tags
-        pool = self.visible if which == "visible" else self.secret(rng)
+        visible = self.visible() if callable(self.visible) else self.visible  # (a function: cases read from data when first used)
+        pool = visible if which == "visible" else self.secret(rng)
         return [c for c in pool if set(c["tags"]) & tags]
 
     def named(self, key: str) -> str:
@@ -190,6 +204,27 @@ def recap(source: Exercise, assignment: str, tests: dict, visible: tuple | None 
         raise KeyError(f"{source.name} declares no mistake {sorted(unknown)}")
     return dataclasses.replace(source, name=assignment, tests=dict(tests), elsewhere={}, mistakes=picked,
                                visible=tuple(source.visible if visible is None else visible), recap_of=source.name)
+
+
+def globals_of(obj) -> dict:
+    """The namespace where a function, a class or an object's class was defined (the notebook's, for a
+    piece of the notebook; {} where none is found)."""
+    import inspect
+
+    try:
+        obj = inspect.unwrap(obj)
+    except Exception:  # a broken __wrapped__ chain
+        pass
+    if not isinstance(obj, type) and not inspect.isfunction(obj) and not inspect.ismethod(obj):
+        obj = type(obj)  # an instance (a trained model): where its class was defined
+    if isinstance(obj, type):
+        for value in vars(obj).values():
+            if inspect.isfunction(value):
+                return value.__globals__
+        module = inspect.getmodule(obj)
+        return vars(module) if module is not None else {}
+    found = getattr(obj, "__globals__", None)
+    return found if isinstance(found, dict) else {}
 
 
 def plain(value):

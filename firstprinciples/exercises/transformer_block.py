@@ -68,7 +68,7 @@ FFN = "test_feed_forward"
 STRUCTURE, VALUES, CAUSAL, DROPOUT, GRADS = ("test_block_structure", "test_block_against_reference",
                                              "test_block_causal", "test_block_dropout",
                                              "test_block_gradients_and_inputs")
-# the capstone's cells (not declared yet): its recaps, and the cells that pass TransformerBlock along
+# the capstone's cells: its recaps, and the cells that pass TransformerBlock along
 RECAP_FFN, RECAP_BLOCK = "recap_feed_forward", "test_transformer_block"
 AS_A_PART = ("test_model_structure", "test_trained", "test_resolves_it")
 

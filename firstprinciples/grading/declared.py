@@ -96,10 +96,18 @@ def _for_properties(encoded: dict, want: dict) -> dict:
     return out
 
 
-def judge(exercise, test, case: dict, got: dict, want: dict, *, show: bool = True) -> str | None:
+def judge(exercise, test, case: dict, got: dict, want: dict | None, *, show: bool = True) -> str | None:
     """Why the answer's encoded results ``got`` fail ``test`` on ``case`` (None: they pass).
-    ``show``: messages may name entries and values (the visible cases; never the secret ones)."""
+    ``show``: messages may name entries and values (the visible cases; never the secret ones).
+    ``want`` None: the piece has no reference (``Exercise.reference`` ""), its properties alone judge."""
     label = case.get("label", "")
+    if want is None:
+        plain = {**plain_case(case), "show": show}
+        for prop in (*test.first, *test.then):
+            reason = prop(plain, _for_properties(got, got), {})
+            if reason:
+                return f"{exercise.call} {label}: {reason}"
+        return None
     if set(got) != set(want):
         if set(got) == {"returned"}:
             return f"{exercise.call} {label} returned {compare.describe(got['returned'])}, not what was asked."
@@ -131,25 +139,34 @@ def judge(exercise, test, case: dict, got: dict, want: dict, *, show: bool = Tru
     return None
 
 
-def _results(fn, exercise, case: dict):
+def _call(exercise, fn, case: dict, namespace: dict | None):
+    """The adapter on ``fn`` and a case's tensors; with the notebook objects it needs, where given."""
+    if namespace is not None:
+        return exercise.adapter(fn, tensors(case), namespace)
+    return exercise.adapter(fn, tensors(case))
+
+
+def _results(fn, exercise, case: dict, namespace: dict | None = None):
     """``fn``'s encoded results on ``case`` through the adapter (None if it raises)."""
     try:
-        return {k: wire.encode(v) for k, v in exercise.adapter(fn, tensors(case)).items()}
+        return {k: wire.encode(v) for k, v in _call(exercise, fn, case, namespace).items()}
     except Exception:
         return None
 
 
-def diagnose(exercise, case: dict, got: dict, want: dict) -> list:
-    """The declared mistakes whose results on ``case`` are the answer's (and not the reference's)."""
+def diagnose(exercise, case: dict, got: dict, want: dict | None, namespace: dict | None = None) -> list:
+    """The declared mistakes whose results on ``case`` are the answer's (and, where there is a
+    reference, not the reference's). ``namespace``: the notebook objects the adapter needs, the same
+    as the answer's (the trained model whose decoding a mistake is)."""
     found = []
     for m in exercise.mistakes:
-        theirs = _results(m.fn, exercise, case)
+        theirs = _results(m.fn, exercise, case, namespace)
         if theirs is None or set(theirs) != set(got):
             continue
         keys = [k for k in got if not k.endswith(AFTER)]
         tol = lambda k: exercise.tolerance(plain_case(case), k) if exercise.tolerance else None  # noqa: E731
         if all(compare.same(got[k], theirs[k], tol(k)) for k in keys) and \
-                not all(compare.same(want[k], theirs[k], tol(k)) for k in keys):
+                (want is None or not all(compare.same(want[k], theirs[k], tol(k)) for k in keys)):
             found.append(m)
     return found
 
@@ -183,15 +200,25 @@ def run_test(exercise, grade_id: str, piece) -> None:
     test = exercise.tests[grade_id]  # (a KeyError names the test that is not there)
     cases = exercise.cases(grade_id)
     # the reference's results, stored as data (the kernel needs no implementation of the piece); where
-    # none are stored (a declaration being written), computed here with the reference
+    # none are stored (a declaration being written), computed here with the reference; a piece without
+    # a reference (a trained model) is judged by its test's properties alone
     stored = ((expected.stored(exercise.name) or {}).get(exercise.piece) or {}).get(grade_id)
-    if not isinstance(stored, list) or len(stored) != len(cases):
+    if not exercise.reference:
+        stored = [None] * len(cases)
+    elif not isinstance(stored, list) or len(stored) != len(cases):
         reference = exercise.reference_piece()
         stored = [{k: wire.encode(v) for k, v in exercise.adapter(reference, tensors(case)).items()} for case in cases]
+    # a piece without a reference is judged with the notebook's objects it needs (the trained model a
+    # decoder decodes), looked up once where the piece was defined and handed to the declared mistakes
+    # too; the other pieces' adapters look them up themselves
+    namespace = None
+    if exercise.needs and not exercise.reference:
+        found = exercises.globals_of(piece)
+        namespace = {n: found[n] for n in exercise.needs if n in found}
     for case, want in zip(cases, stored):
-        want = unstored(case, want)
+        want = None if want is None else unstored(case, want)
         try:
-            out = call_without(exercise.adapter, (piece, tensors(case)), **exercise.forbidden)
+            out = call_without(_call, (exercise, piece, case, namespace), **exercise.forbidden)
         except ForbiddenCall:
             raise
         except AssertionError as err:  # the adapter's own finding (no gradient path, say)
@@ -203,7 +230,9 @@ def run_test(exercise, grade_id: str, piece) -> None:
         got = {k: wire.encode(v) for k, v in out.items()}
         reason = judge(exercise, test, case, got, want, show=True)
         if reason:
-            raise AssertionError(reason + named(diagnose(exercise, case, got, want), said=reason))
+            raise AssertionError(reason + named(diagnose(exercise, case, got, want, namespace), said=reason))
+        if test.says is not None:
+            print(test.says(plain_case(case), _for_properties(got, got)))
 
 
 def check_for(assignment: str):

@@ -13,7 +13,7 @@ numbers (no pickle; ``parse`` checks every array), they are loaded into the stud
 class in the sandboxed runner and probed there, watched, with the course's thresholds
 applied by the grader. What the student's code could do to them (print other numbers) it
 could do as well in the cells the runner would load to train the model itself: the trained
-model's provenance is not provable either way (``probes.capstone``). A state that is missing,
+model's provenance is not provable either way (``exercises.capstone``, the trained model). A state that is missing,
 malformed or over ``MAX_BYTES``, or a rebuilt object that fails, sends the piece back to the
 re-check as before (its cells loaded, the model trained again).
 

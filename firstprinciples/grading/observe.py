@@ -301,7 +301,8 @@ def _declarations_own_code(declaration: str = "") -> tuple:
     declared mistakes, right on some inputs (softmax's "dim ignored" on the last dim), and the
     correct helpers some mistakes are built on (rnn's ``_states``, tiled attention's
     ``_correct_blocks``): an answer that calls one borrows the course's code. And the identities and
-    places of the adapters' code, which the runner calls around the piece (never forbidden, even
+    places of the adapters' code (and a trained piece's ``rebuild``), which the runner calls around
+    the piece (never forbidden, even
     where a forbidden code shares their constants): of ``declaration``'s pieces, or of every
     declaration where none is named (a runner of pieces not declared)."""
     import importlib
@@ -311,6 +312,8 @@ def _declarations_own_code(declaration: str = "") -> tuple:
     allowed: set = set()
     for exercise in exercises.pieces(declaration) if declaration else exercises.all_pieces():
         _reach(exercise.adapter, allowed, exercises.__name__)
+        if exercise.rebuild is not None:  # (the runner rebuilds a trained piece around it too)
+            _reach(exercise.rebuild, allowed, exercises.__name__)
     out, seen = [], set()
     for name in exercises.NAMES:
         module = importlib.import_module(f"{exercises.__name__}.{name}")

@@ -172,17 +172,18 @@ def refuse_new_processes() -> bool:
     return libc.prctl(22, 2, ctypes.cast(ctypes.pointer(fprog), ctypes.c_void_p), 0, 0) == 0  # PR_SET_SECCOMP, FILTER
 
 
-# The course's own implementations, never part of an answer: the reference, the checks and probes
-# of the exercises not yet declared, the models of the capstone and of the lengths chapter. A
-# runner whose pieces are all declared needs none of them (its probes are adapters), so it refuses
-# them: they are taken out of ``sys.modules`` and of their parent packages, and importing one raises
+# The course's own implementations, never part of an answer: the reference, the checks, the models
+# of the capstone and of the lengths chapter (the capstone's corpus and training loop are the
+# notebook's to use: they import no model). A runner needs none of them (its probes are the
+# declarations' adapters), so it refuses them: they are taken out of ``sys.modules`` and of their parent packages, and importing one raises
 # ImportError. (Objects that other modules still hold, reached through ``gc`` or a module's
 # attribute, are recognised when called: ``observe``'s tables hold their identities and places.)
 COURSE_IMPLEMENTATIONS = ("firstprinciples.reference", "firstprinciples.checks", "firstprinciples.grading.probes.",
-                          "firstprinciples.capstone", "firstprinciples.lengths")
+                          "firstprinciples.capstone.model", "firstprinciples.capstone.export",
+                          "firstprinciples.capstone.sphinx_explorer", "firstprinciples.lengths")
 # What the declared notebooks still import from those packages: the student-facing failure messages
 # (``grading.declared`` uses them for the test cells' ``check``; no implementation of a piece).
-STILL_IMPORTABLE = ("firstprinciples.checks", "firstprinciples.checks._student", "firstprinciples.checks._core")
+STILL_IMPORTABLE = ("firstprinciples.checks", "firstprinciples.checks._student")
 
 
 def refused(name: str) -> bool:
@@ -270,10 +271,9 @@ def main() -> None:
 
     names = [p["name"] for p in job["pieces"]]
     declared = exercises.by_piece()
-    adapter_only = bool(names) and all(n in declared for n in names)
-    # A declared piece's probe is its declaration's adapter (no reference, no probe module); the
-    # others' come from the probe modules (which hold the course's implementations they need).
-    registry = {n: probes.from_declaration(declared[n], resolve=False) for n in names} if adapter_only else probes.load()
+    # Every piece's probe is its declaration's adapter (no reference: the runner never computes an
+    # expected result); a name no declaration has is not run.
+    registry = {n: probes.from_declaration(declared[n], resolve=False) for n in names if n in declared}
     # What the runner uses after student code has run, taken now, before: the probes themselves
     # (replacing an entry of the registry, or the module's ``report``, afterwards changes nothing
     # here), in a tuple (no item of it can be replaced).
@@ -285,8 +285,7 @@ def main() -> None:
     # saw, matched there (a table emptied here afterwards changes nothing).
     send({"event": "baseline", "ids": {name: observe.identities(observe.forbidden_python(**probe.watch()))
                                        for name, probe, _cases, _state in pieces}})
-    if adapter_only:  # (after the baseline, which holds the forbidden functions' identities)
-        refuse_course_implementations()
+    refuse_course_implementations()  # (after the baseline, which holds the forbidden functions' identities)
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     shell = Shell(namespace)
     namespace.update(ipython_names(shell))

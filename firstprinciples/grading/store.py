@@ -16,14 +16,17 @@ from . import declared
 
 def compute(assignment: str) -> dict:
     """piece -> grade_id -> the reference's encoded results on each visible case, in order, as stored
-    (``declared.stored_form``: what the test judges)."""
+    (``declared.stored_form``: what the test judges). A piece without a reference (a trained model)
+    stores nothing: its tests judge the answer's results by their properties."""
     out: dict = {}
     for exercise in pieces(assignment):
+        if not exercise.reference:
+            continue
         reference = exercise.reference_piece()
-        out[exercise.piece] = {
+        out.setdefault(exercise.piece, {}).update({
             gid: [declared.stored_form(exercise, gid, case, exercise.adapter(reference, declared.tensors(case)))
                   for case in exercise.cases(gid)]
-            for gid in exercise.tests}
+            for gid in exercise.tests})
     return out
 
 

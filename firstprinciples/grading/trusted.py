@@ -148,7 +148,10 @@ def make_plan(nb, seed: int, course_sources: set | None = None) -> Plan:
 
 
 def reference_results(check: Check) -> list:
-    """The reference's results on the check's cases, computed here (in the trusted grader)."""
+    """The reference's results on the check's cases, computed here (in the trusted grader); None for
+    each case of a declared piece that has no reference (a trained model: its tests' properties judge)."""
+    if check.probe.declared is not None and not check.probe.declared.reference:
+        return [None] * len(check.cases)
     out = []
     for enc in check.cases:
         case = probes.decode_case(enc)

@@ -70,7 +70,7 @@ ATTACKS = [
      ''', '''
         from firstprinciples.grading import probes
         probes.load()["softmax"].forbidden.clear()  # the runner used to read the probe's forbidden names
-     '''), "extra": [], "score": 0, "reason": REFUSED, "flag": "internals"},
+     '''), "extra": [], "score": 0, "reason": FORBIDDEN, "flag": "internals"},
     # a declared mistake is right on some inputs (softmax's "dim ignored" on the last dim): borrowed from
     # the declaration, it passes those of the notebook's tests; the re-check recognises the course's code
     {"id": "atk_borrows_declared_mistake", "assignment": "softmax", "answers": _softmax('''
@@ -91,9 +91,9 @@ ATTACKS = [
         probes.REGISTRY["causal_mask"] = dataclasses.replace(probes.load()["causal_mask"], run=_right)
         object.__setattr__(probes.REGISTRY["causal_mask"], "run", _right)
 
-        def causal_mask(T):  # (right shape and dtype: a point, as any zeros mask, where this cell could run)
+        def causal_mask(T):  # (right shape and dtype: the one point any zeros mask gets)
             return torch.zeros(T, T)
-     ''')}, "extra": [], "score": 0, "reason": REFUSED, "flag": "internals"},
+     ''')}, "extra": [], "score": 1, "reason": "above the diagonal (the future) but should be -inf", "flag": "internals"},
     {"id": "atk_volatile_then_report", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX + _c('''
         import torch
         from firstprinciples.grading import observe, runtime

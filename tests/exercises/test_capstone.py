@@ -153,7 +153,7 @@ class DoubledLogits(A.PlainGPT):
 def test_the_causal_test_compares_no_values():
     """test_model_causal judges causality, not values (values=False): the doubled logits keep it and
     lose test_model_forward, in the kernel and in the re-check (the audit of the old probes, kept)."""
-    from exercises.test_declarations import kernel_failures, recheck_failures
+    from exercises.harness import kernel_failures, recheck_failures
 
     model = PIECES["StudentGPT"]
     assert set(kernel_failures(model, DoubledLogits)) == {"test_model_forward"}

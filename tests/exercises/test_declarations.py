@@ -14,73 +14,19 @@ pieces the table sets ``PIECES = True`` and keys ``CORRECT`` and ``WRONG`` by pi
 - every test rejects at least five wrong answers.
 
 The re-check runs in this process (``trusted.local_verdicts``: the same watch, wire format and
-judgement as the grader's runner), on seeds 0, 1 and 2.
+judgement as the grader's runner), on seeds 0, 1 and 2. The correct answers, the mistakes and the
+wrong answers run in files of their own (``test_harness_*.py``, helpers in ``harness.py``), so that
+the suite's workers (a test file each) share the harness.
 """
 from __future__ import annotations
 
-import importlib
 import re
 
-import nbformat
 import pytest
 
-from course import SOLUTIONS, as_answer, as_student_code, nbgrader_meta
+from course import SOLUTIONS, as_student_code, nbgrader_meta
+from exercises.harness import MIN_REJECTIONS, SEEDS, _params, answers, kernel_failures, notebook, recheck_failures
 from firstprinciples import exercises
-from firstprinciples.grading import declared, trusted
-
-SEEDS = (0, 1, 2)
-MIN_REJECTIONS = 5
-
-
-def answers(name: str):
-    return importlib.import_module(f"exercises.{name}_answers")
-
-
-def notebook(name: str):
-    paths = sorted((SOLUTIONS / name).glob("*.ipynb"))
-    assert len(paths) == 1, paths
-    return nbformat.read(paths[0], as_version=4)
-
-
-def kernel_failures(exercise, piece) -> dict:
-    """grade_id -> the message of its failure in the kernel's runner (passing tests left out)."""
-    failed = {}
-    for gid in exercise.tests:
-        try:
-            declared.run_test(exercise, gid, piece)
-        except Exception as err:  # any exception fails a test cell
-            failed[gid] = str(err)
-    return failed
-
-
-def recheck_failures(exercise, piece, seed: int) -> dict:
-    """grade_id -> the trusted re-check's reason for failing it, among this piece's tests (the
-    notebook's other pieces are the course's, written as a student would; a declared mistake is
-    graded as the student's own code: ``as_answer``)."""
-    namespace = {other.piece: as_student_code(other.reference_piece()) for other in exercises.pieces(exercise.name)}
-    verdicts = trusted.local_verdicts(notebook(exercise.name), {**namespace, exercise.piece: as_answer(piece)}, seed)
-    return {gid: why for gid, why in verdicts.items() if why and gid in exercise.tests}
-
-
-def _id(exercise) -> str:
-    return exercise.name if len(exercises.pieces(exercise.name)) == 1 else f"{exercise.name}.{exercise.piece}"
-
-
-def _params(kind: str) -> list:
-    out = []
-    for ex in exercises.all_pieces():
-        table = answers(ex.name)
-        if kind == "correct":
-            correct = table.CORRECT.get(ex.piece, {}) if hasattr(table, "PIECES") else table.CORRECT
-            out += [pytest.param(ex, fn, id=f"{_id(ex)}:{label}") for label, fn in correct.items()]
-        elif kind == "mistake":
-            out += [pytest.param(ex, m, id=f"{_id(ex)}:{m.label}") for m in ex.mistakes]
-        elif kind == "wrong":
-            wrong = table.WRONG.get(ex.piece, {}) if hasattr(table, "PIECES") else table.WRONG
-            out += [pytest.param(ex, *row, id=f"{_id(ex)}:{label}") for label, row in wrong.items()]
-        else:
-            out += [pytest.param(ex, id=_id(ex))]
-    return out
 
 
 @pytest.mark.parametrize("name", exercises.NAMES)
@@ -89,9 +35,7 @@ def test_each_declaration_is_named_as_its_assignment_and_covers_its_notebook(nam
     cells = {nbgrader_meta(c)["grade_id"] for c in notebook(name).cells
              if nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution")}
     declared_tests = [gid for ex in exercises.pieces(name) for gid in ex.tests]
-    # (cells an assignment names as still graded by the old checks and probes: the capstone's trained model)
-    old = set(getattr(importlib.import_module(f"firstprinciples.exercises.{name}"), "OLD_APPARATUS", ()))
-    assert sorted(declared_tests) == sorted(cells - old), "every test cell declared once, by one piece"
+    assert sorted(declared_tests) == sorted(cells), "every test cell declared once, by one piece"
 
 
 @pytest.mark.parametrize("exercise", _params("exercise"))
@@ -135,41 +79,6 @@ def test_the_reference_passes_both_runners(exercise, seed):
     assert recheck_failures(exercise, piece, seed) == {}
 
 
-@pytest.mark.parametrize("exercise, answer", _params("correct"))
-def test_every_correct_answer_passes_both_runners(exercise, answer):
-    assert kernel_failures(exercise, answer) == {}
-    for seed in SEEDS:
-        assert recheck_failures(exercise, answer, seed) == {}, seed
-
-
-@pytest.mark.parametrize("exercise, mistake", _params("mistake"))
-def test_every_mistake_fails_exactly_its_cells_and_is_named(exercise, mistake):
-    failed = kernel_failures(exercise, mistake.fn)
-    assert set(failed) == mistake.fails, f"in the kernel: failed {sorted(failed)}"
-    for gid, message in failed.items():
-        assert mistake.label in message or " raised " in message, f"{gid} does not name it:\n{message}"
-    seed = SEEDS[exercise.mistakes.index(mistake) % len(SEEDS)]
-    failed = recheck_failures(exercise, mistake.fn, seed)
-    assert set(failed) == (mistake.fails - mistake.missed) | mistake.hidden, \
-        f"in the re-check (seed {seed}): failed {sorted(failed)}"
-
-
-@pytest.mark.parametrize("exercise, answer, in_kernel, in_recheck", _params("wrong"))
-def test_every_wrong_answer_fails_exactly_its_cells(exercise, answer, in_kernel, in_recheck):
-    assert set(kernel_failures(exercise, answer)) == set(in_kernel), "in the kernel"
-    seed = SEEDS[_line(answer) % len(SEEDS)]
-    assert set(recheck_failures(exercise, answer, seed)) == set(in_recheck), f"in the re-check (seed {seed})"
-
-
-def _line(answer) -> int:
-    """The line where an answer is written: a function's, or a class's (a module piece) first method's
-    (0 for a class that defines none)."""
-    code = getattr(answer, "__code__", None)
-    if code is None:  # a class
-        code = next((f.__code__ for f in vars(answer).values() if hasattr(f, "__code__")), None)
-    return code.co_firstlineno if code is not None else 0
-
-
 @pytest.mark.parametrize("exercise", _params("exercise"))
 def test_every_test_rejects_enough_wrong_answers(exercise):
     table = answers(exercise.name)
@@ -191,7 +100,7 @@ def test_the_stored_expected_results_are_the_references(name):
     stored = expected.stored(name)
     assert stored is not None, f"no stored results: python -m firstprinciples.grading.store {name}"
     now = store.compute(name)
-    declared_pieces = {e.piece: e for e in exercises.pieces(name)}
+    declared_pieces = {e.piece: e for e in exercises.pieces(name) if e.reference}
     assert sorted(stored) == sorted(now), "regenerate: python -m firstprinciples.grading.store"
     for piece, tests in now.items():
         assert sorted(stored[piece]) == sorted(tests), piece
@@ -221,7 +130,7 @@ class Refuse(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Refuse())
 from firstprinciples import exercises
 from firstprinciples.grading.declared import check_for
-for exercise in exercises.pieces(name):
+for exercise in [e for e in exercises.pieces(name) if e.reference]:  # (a trained model: test_capstone_trained.py)
     correct = table.CORRECT.get(exercise.piece, {}) if hasattr(table, "PIECES") else table.CORRECT
     for gid in exercise.tests:
         for answer in correct.values():

@@ -47,7 +47,7 @@ def test_the_message_says_what_is_wrong(grade_id, answer, phrases):
 
 
 def test_the_recheck_fails_a_typed_in_score_on_fresh_weights_of_its_size():
-    from test_declarations import recheck_failures
+    from exercises.harness import recheck_failures
 
     failed = recheck_failures(EXERCISE, A.typed_in, seed=5)
     assert "test_worked_example" in failed and "period=3" in failed["test_worked_example"], failed

@@ -49,7 +49,7 @@ def test_a_misspelt_test_name_is_a_clear_error():
 
 
 def test_the_recheck_names_the_mistake_without_showing_secret_values():
-    from test_declarations import recheck_failures
+    from exercises.harness import recheck_failures
 
     failed = recheck_failures(EXERCISE, MISTAKES["no max subtracted"], seed=4)
     text = failed["test_large_inputs"]

@@ -63,7 +63,7 @@ def test_cats_row_is_the_chapters():
 
 def test_the_recheck_fails_a_full_matrix_without_showing_secret_values():
     """In the re-check, a full matrix is first what the allocator counted (whatever the dispatch mode saw)."""
-    from test_declarations import recheck_failures
+    from exercises.harness import recheck_failures
 
     text = recheck_failures(EXERCISE, MISTAKES["the full score matrix"], seed=1)["test_memory"]
     assert "allocated" in text and "(..., T_q, block_size)" in text, text
@@ -74,7 +74,7 @@ def test_the_recheck_counts_what_a_dispatch_mode_cannot_see():
     """An answer that switches dispatch modes off passes the notebook's memory test (the measure
     cannot see it) but not the re-check's, whose watch counts allocations at torch's allocator
     (the corpus's atk_tiled_full_matrix_unwatched)."""
-    from test_declarations import kernel_failures, recheck_failures
+    from exercises.harness import kernel_failures, recheck_failures
 
     assert kernel_failures(EXERCISE, A.full_matrix_unwatched) == {}
     text = recheck_failures(EXERCISE, A.full_matrix_unwatched, seed=0)["test_memory"]
@@ -85,7 +85,7 @@ def test_the_recheck_counts_memory_held_outside_torch():
     """An answer that builds the whole matrix in NumPy creates no large tensor (neither measure of
     torch sees it) but fails the re-check's memory test, which also counts what Python's allocator
     held (the corpus's atk_tiled_full_matrix_in_numpy); the reference stays far below that allowance."""
-    from test_declarations import kernel_failures, recheck_failures
+    from exercises.harness import kernel_failures, recheck_failures
 
     assert kernel_failures(EXERCISE, A.full_matrix_in_numpy) == {}
     text = recheck_failures(EXERCISE, A.full_matrix_in_numpy, seed=2)["test_memory"]

@@ -72,7 +72,7 @@ def test_forbidden_call_messages_are_clear(answer):
 def test_dropout_is_judged_by_its_distribution(label, phrases):
     """A "dropout" that only scales by (1 - p), or zeroes without scaling the survivors up, loses
     test_block_dropout in the kernel and in the re-check (every seed); nn.Dropout keeps it."""
-    from test_declarations import kernel_failures, recheck_failures
+    from exercises.harness import kernel_failures, recheck_failures
 
     answer = MISTAKES[("TransformerBlock", label)]
     text = message("test_block_dropout", answer)

@@ -1,46 +1,28 @@
-"""Probes: what the trusted grader re-checks for each graded piece.
+"""Probes: what the trusted grader re-checks for each graded piece, made from its declaration.
 
-A probe names one object of the notebook (a function, a class, or a variable
-such as the capstone's trained ``model``) and says
+A probe (``from_declaration``) is a declared piece (``firstprinciples.exercises``) as the re-check
+uses it:
 
-- ``cases(rng)``: fresh inputs, drawn in the trusted grader from a seed the
+- ``cases(rng)``: the declaration's secret cases, drawn in the trusted grader from a seed the
   student never sees (plain NumPy arrays and Python values);
-- ``run(obj, case)``: how to exercise the object on one case, returning named
-  results (tensors, numbers). The *same* function runs twice: inside the
-  student's sandboxed kernel on the student's object, and in the trusted grader
-  on the course's reference. Only plain data crosses (``wire``), and the
-  comparison is made in the trusted grader (``firstprinciples.grading.trusted``);
-- ``forbidden``: the built-ins the piece must not call (as in its checks);
-- optionally ``judge(case, results)`` instead of a reference, for results that
-  have no reference to compare with (a trained model's accuracy);
-- ``cells``: for a test cell (by grade_id) that grades only part of the piece,
-  which cases (by their ``tags``) it stands for and how they are compared
-  (``Aspect``): so partial credit stays partial. A test cell not listed stands
-  for every case, compared in full;
-- optionally ``needs``: the names of other objects of the notebook that ``run``
-  uses with the probed one (``cached_attention_step`` needs the notebook's own
-  ``KVCache``, so that a step may call helper methods of the student's cache;
-  ``generate_cached`` needs ``StudentGPT`` and ``KVCache``). A probe with
-  ``needs`` is run with a third argument, a namespace: on the student's side
-  ``run(obj, case, namespace)`` with the notebook's namespace (``needed(probe,
-  namespace)``, the needed names it defines, is enough), on the reference side
-  ``run(probe.reference, case, reference_namespace(probe))``, each needed name
-  bound to the course's object (the reference of that name's own probe). The
-  run must also work with the namespace omitted or lacking a name: it then
-  looks the name up in the probed function's ``__globals__`` (the notebook's
-  namespace when the function was defined there), else uses the course's
-  object. A needed object is not re-checked for the test cells of the probed
-  one: it has its own probe and test cells.
-- optionally ``rebuild``: for an object that the notebook *trains* (the capstone's ``model``),
-  ``rebuild(namespace, state) -> object``: the object built again in the runner from the
-  notebook's own class (``rebuilt_from``, a name the runner loads with its dependencies) and the
-  parameters the kernel ended with (its ``state_dict``, shipped as plain data: ``kernelstate``).
-  The re-check then probes that object instead of loading the cells that train it, so the model
-  is trained once per submission, not twice; where the kernel's parameters are missing, do not
-  fit the class or fail a test, the object is re-checked as before, trained by its own cells
-  again, and the better verdict stands (``trusted.recheck``).
+- ``run(obj, case)``: the declaration's adapter, the only course code that runs beside the
+  student's in the runner; only plain data crosses (``wire``), and the judgement is made in the
+  trusted grader (``trusted.judge_case``, with ``declared.judge``) against the reference's results
+  computed there (none for a piece without a reference: its tests' properties judge);
+- ``forbidden``: the built-ins the piece must not call; ``memory``: the bound of a memory case;
+- ``cells``: per test cell (grade_id, the piece's own and its ``elsewhere``), the cases it stands
+  for (by their ``tags``) and the declared ``Test`` that judges them (``Aspect``): so partial credit
+  stays partial;
+- ``needs``: the names of other notebook objects the adapter uses with the piece (the KV-cache
+  step's ``KVCache``): in the runner ``run(obj, case, namespace)`` with the notebook's namespace; on
+  the reference side each needed name is bound to the course's object (``reference_namespace``);
+- ``rebuild``: for an object the notebook *trains* (the capstone's ``model``), the object built
+  again in the runner from the notebook's own class (``rebuilt_from``) and the parameters the kernel
+  ended with (``kernelstate``), so that it is trained once per submission, not twice; where those
+  parameters are missing, do not fit the class or fail a test, it is re-checked trained by its own
+  cells again, and the better verdict stands (``trusted.recheck``).
 
-Probe modules register their probes in ``REGISTRY``; ``load()`` imports them all.
+``load()`` gives every declared piece's probe, by piece name (``REGISTRY``).
 """
 from __future__ import annotations
 
@@ -53,7 +35,7 @@ import numpy as np
 from ... import exercises
 from .. import wire
 
-MODULES = ("capstone",)  # (the trained model of the capstone: the last exercise not wholly declared)
+MODULES = ()  # (every exercise is declared: its probes are made from the declarations)
 
 REGISTRY: dict[str, "Probe"] = {}
 
@@ -76,10 +58,6 @@ class Aspect:
     mode: str = "values"
     also: Callable | None = None
     test: Any = None  # a declared exercise's ``Test``: judged by ``declared.judge`` instead
-
-
-def aspect(*tags: str, mode: str = "values", also: Callable | None = None) -> Aspect:
-    return Aspect(frozenset(tags) if tags else None, mode, also)
 
 
 @dataclass(frozen=True)
@@ -123,21 +101,6 @@ def reference_namespace(probe: Probe) -> dict:
     return {n: registry[n].reference for n in probe.needs if n in registry and registry[n].reference is not None}
 
 
-def looked_up(fn, name: str, namespace: dict | None = None):
-    """Another notebook object for a run (``Probe.needs``): ``namespace[name]`` when given, else
-    ``name`` in the globals of ``fn`` (the notebook's, for a function defined there), else None."""
-    if isinstance(namespace, dict) and name in namespace:
-        return namespace[name]
-    import inspect
-
-    try:
-        fn = inspect.unwrap(fn)
-    except Exception:  # a broken __wrapped__ chain
-        pass
-    g = getattr(fn, "__globals__", None)
-    return g.get(name) if isinstance(g, dict) else None
-
-
 def register(*probes: Probe) -> None:
     for p in probes:
         REGISTRY[p.name] = p
@@ -165,7 +128,7 @@ def from_declaration(exercise, resolve: bool = True) -> Probe:
     return Probe(exercise.piece, exercise.secret, exercise.adapter,
                  reference=exercise.reference_piece() if resolve else None,
                  forbidden=dict(exercise.forbidden), cells=cells, memory=exercise.memory, needs=tuple(exercise.needs),
-                 declared=exercise)
+                 rebuild=exercise.rebuild, rebuilt_from=tuple(exercise.rebuilt_from), declared=exercise)
 
 
 # ---------------------------------------------------------------- cases on the wire
@@ -189,43 +152,3 @@ def _decode(d):
 def decode_case(enc: dict) -> dict:
     """A case as the runners see it: arrays become torch tensors of the same dtype."""
     return {k: _decode(v) for k, v in enc.items()}
-
-
-# ---------------------------------------------------------------- a runner for plain functions
-# (the generic adapters live with the declarations, which use them too)
-from ...exercises.adapters import FD_STEP, call_runner, vector_jacobian  # noqa: E402,F401
-
-
-def arrays(encoded: dict) -> dict:
-    """The arrays among encoded results, by name."""
-    return {k: wire.array(v) for k, v in encoded.items() if wire.is_array(v)}
-
-
-def honest_gradients(case, got, want):
-    """The answer's gradients agree with its own outputs (whatever their values), and its
-    inputs are unchanged: the directional derivative from the gradients matches the central
-    finite difference ``fd`` to 1e-6 relative (float64: the difference's truncation error is
-    about 1e-12 and its rounding error about 1e-10 with a step of 1e-6)."""
-    a, w = arrays(got), arrays(want)
-    for k in a:
-        if k.endswith(" after the call") and not np.array_equal(a[k], w[k], equal_nan=True):
-            return f"it changes its input {k.split()[0]} in place"
-    if "fd" not in a:
-        return None
-    analytic = sum(float((a[k] * case["dir_" + k[5:]].numpy()).sum()) for k in a if k.startswith("grad_"))
-    fd = float(a["fd"])
-    if not np.isfinite(analytic) or abs(analytic - fd) > 1e-6 * (1 + abs(fd)):
-        return (f"its gradients do not match its own outputs: along a random direction they give {analytic:.6g}, "
-                f"finite differences of the outputs give {fd:.6g}")
-    return None
-
-
-def with_directions(rng, case: dict, names) -> dict:
-    """Add a random direction ``dir_<name>`` per gradient input (for ``honest_gradients``)."""
-    for n in names:
-        case[f"dir_{n}"] = rng.standard_normal(case[n].shape).astype(case[n].dtype)
-    return case
-
-
-def normal(rng: np.random.Generator, shape, dtype="float64", scale=1.0) -> np.ndarray:
-    return (rng.standard_normal(shape) * scale).astype(dtype)
