@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from firstprinciples import examples
 from firstprinciples.reference import causal_mask, scaled_dot_product_attention
 
-# Same dtype tolerances as the checks (see firstprinciples.checks._core).
+# Same dtype tolerances as the checks (see firstprinciples.exercises.TOLERANCE).
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.float64: dict(atol=1e-10, rtol=1e-8)}
 
 

@@ -1,5 +1,4 @@
-"""Checks used by the exercise notebooks, one module per exercise.
-
-A check takes the student's function (or class) and raises ``AssertionError``
-with a message that says what is wrong and, where possible, names the mistake.
+"""What a notebook's failing test shows the student (``_student``): the student's own line first,
+their frames only, and a hint where the error is a usual one. The tests themselves are declared in
+``firstprinciples.exercises`` and run by ``grading.declared``.
 """

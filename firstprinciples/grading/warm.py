@@ -85,7 +85,7 @@ COLD_ENV = "FP_GRADING_COLD"
 # What torch imports at the first backward pass handed an explicit output gradient
 # (``out.backward(g)``, ``torch.autograd.gradcheck``) and at the first ``Module.to_empty`` (sympy
 # among it: 0.3-0.9 s). The course's checks, probes and reference results do neither any more
-# (``checks._core.assert_gradcheck``, ``probes.vector_jacobian``); a student's own ``backward(g)``
+# (``exercises.adapters.vector_jacobian``); a student's own ``backward(g)``
 # still does.
 FIRST_BACKWARD = "torch.fx.experimental.symbolic_shapes"
 
