@@ -24,8 +24,9 @@ Decisions stated once:
   ``test_mha_structure``: besides the four layers, the KV-cache exercise's
   ``cached_attention_step(x_new, cache, mha)`` reads ``mha.n_heads`` and ``mha.d_k`` (its text offers
   both), and the capstone runs the student's own step on the student's own MultiHeadAttention. The
-  transformer block, modern block and encoder-decoder exercises read no attribute of it (the block
-  calls it; the capstone's adapter hooks ``attn.W_k``). Each attribute is judged by the value read
+  transformer block and the capstone read nothing else of it (the block calls it, their adapters load
+  weights into its four layers by name and hook ``attn.W_k``); the modern block and encoder-decoder
+  exercises build attentions of their own. Each attribute is judged by the value read
   from the built instance (a property, a ``setattr``, a class attribute: all the same), as an
   integer: anything Python accepts where an integer is needed (``operator.index``: an int, a NumPy
   integer, a one-element integer tensor), which is what reshaping by it requires; a float (4.0,
