@@ -4,20 +4,33 @@
   head h holding features h*d_k ... (h+1)*d_k - 1 of every token;
 - ``merge_heads(x)``: (B, n_heads, T, d_k) -> (B, T, n_heads * d_k), the inverse;
 - ``MultiHeadAttention(d_model, n_heads)``: an ``nn.Module`` with four bias-free
-  ``nn.Linear(d_model, d_model)`` layers ``W_q``, ``W_k``, ``W_v``, ``W_o``; ``forward(x, mask=None)``
-  returns (output (B, T, d_model), weights (B, n_heads, T, T)).
+  ``nn.Linear(d_model, d_model)`` layers ``W_q``, ``W_k``, ``W_v``, ``W_o`` and the integer attributes
+  ``n_heads`` and ``d_k`` (d_model // n_heads); ``forward(x, mask=None)`` returns (output (B, T, d_model),
+  weights (B, n_heads, T, T)).
 
 Decisions stated once:
 
 - The module is a class: its adapter (``module_adapter``) builds it with the case's sizes (under a
   fixed seed, the caller's random state left alone), reports its structure as plain data (each
-  projection described as a string, the number of distinct layers, the parameter count and list),
+  projection described as a string, the number of distinct layers, the parameter count and list,
+  the attributes ``n_heads`` and ``d_k`` as integers or as what they are instead),
   or loads the case's seeded weights into its parameters by name and calls it. The weights are in
   nn.Linear's convention (a layer computes x @ W.T), as the reference module's are.
 - ``test_mha_structure`` judges the structure only (``mha_structure``: four bias-free
-  (d_model, d_model) nn.Linear layers, distinct, 4 * d_model**2 parameters); one forward pass runs
-  too, whose errors do not matter, so that an answer that calls PyTorch's attention scores 0 there
-  as well.
+  (d_model, d_model) nn.Linear layers, distinct, 4 * d_model**2 parameters, and the contract below);
+  one forward pass runs too, whose errors do not matter, so that an answer that calls PyTorch's
+  attention scores 0 there as well.
+- The contract with the later exercises (issue 42), stated in the notebook's task and checked by
+  ``test_mha_structure``: besides the four layers, the KV-cache exercise's
+  ``cached_attention_step(x_new, cache, mha)`` reads ``mha.n_heads`` and ``mha.d_k`` (its text offers
+  both), and the capstone runs the student's own step on the student's own MultiHeadAttention. The
+  transformer block and the capstone read nothing else of it (the block calls it, their adapters load
+  weights into its four layers by name and hook ``attn.W_k``); the modern block and encoder-decoder
+  exercises build attentions of their own. Each attribute is judged by the value read
+  from the built instance (a property, a ``setattr``, a class attribute: all the same), as an
+  integer: anything Python accepts where an integer is needed (``operator.index``: an int, a NumPy
+  integer, a one-element integer tensor), which is what reshaping by it requires; a float (4.0,
+  d_model / n_heads) is not, and ``view(B, T, H, d_k)`` refuses it.
 - ``test_mha_gradients_and_inputs`` judges that honest gradients reach x and the four weight
   matrices (against finite differences of the answer's own output, moving x and the weights
   together) and that the output keeps x's shape and dtype; not the values, nor the weights' shape:
@@ -40,6 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 
 import numpy as np
 import torch
@@ -54,6 +68,11 @@ TORCH_PATTERNS = ("multi_head_attention", "scaled_dot_product_attention", "Multi
 PIECE_NAMES = ("split_heads", "merge_heads", "MultiHeadAttention", "scaled_dot_product_attention")
 PROJECTIONS = ("W_q", "W_k", "W_v", "W_o")
 PARAMS = tuple(f"{n}.weight" for n in PROJECTIONS)  # the parameters loaded by name, in nn.Linear's convention
+# The integer attributes later exercises read from the module besides its four layers (the contract the
+# notebook states): name -> (what it is, the line that sets it). The KV-cache exercise's
+# cached_attention_step(x_new, cache, mha) reads them, and the capstone runs it on the student's own module.
+CONTRACT = {"n_heads": ("the number of heads", "self.n_heads = n_heads"),
+            "d_k": ("the width of each head, d_model // n_heads", "self.d_k = d_model // n_heads")}
 
 SPLIT, MERGE = "test_split_heads", "test_merge_heads"
 STRUCTURE, VALUES, MASKS, GRADS = ("test_mha_structure", "test_mha_against_reference", "test_mha_masks",
@@ -281,6 +300,7 @@ class _MHA(nn.Module):
     def __init__(self, d_model, n_heads):
         super().__init__()
         self.n_heads = n_heads
+        self.d_k = d_model // n_heads
         self.W_q = nn.Linear(d_model, d_model, bias=False)
         self.W_k = nn.Linear(d_model, d_model, bias=False)
         self.W_v = nn.Linear(d_model, d_model, bias=False)
@@ -365,6 +385,18 @@ class _QueriesAndKeysSwapped(_MHA):
         return self.W_o(self.merge(out)), w
 
 
+class _HeadCountNamedH(_MHA):
+    """The head count kept as self.h (the Annotated Transformer's name), d_k as asked: no n_heads."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__(d_model, n_heads)
+        del self.n_heads
+        self.h = n_heads
+
+    def split(self, t):
+        return _split(t, self.h)
+
+
 MHA_VALUES = frozenset({VALUES, MASKS})
 MHA_MISTAKES = (
     Mistake("heads split without the transpose",
@@ -394,6 +426,12 @@ MHA_MISTAKES = (
     Mistake("queries and keys swapped",
             "queries come from W_q and keys from W_k; swapping them transposes every head's score matrix.",
             _QueriesAndKeysSwapped, MHA_VALUES),
+    # (its values are right: only the structure test reads the attribute)
+    Mistake("head count kept under another name",
+            "keep the number of heads as self.n_heads (and each head's width as self.d_k = d_model // n_heads), "
+            "whatever you call them inside forward: the KV-cache and capstone exercises read mha.n_heads and "
+            "mha.d_k from your module.",
+            _HeadCountNamedH, frozenset({STRUCTURE})),
 )
 
 
@@ -421,12 +459,31 @@ def describe_layer(layer) -> str:
     return f"nn.Linear({in_features}, {out_features}, bias={layer.bias is not None})"
 
 
-def module_structure(module, layers) -> dict:
+def describe_integer(module, name):
+    """An attribute that later code uses as an integer, as plain data: its value as an int where
+    Python accepts it as one (``operator.index``: an int, a NumPy integer, a one-element integer
+    tensor), "missing", or what it is instead ("a float, 4.0"). Read from the instance, so a
+    property, a ``setattr`` or a class attribute count alike."""
+    try:
+        value = getattr(module, name)
+    except AttributeError:  # (nn.Module's own error for a name it does not hold)
+        return "missing"
+    try:
+        return int(operator.index(value))
+    except TypeError:
+        pass
+    shown = repr(value)
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    return f"a {type(value).__name__}, {shown}"
+
+
+def module_structure(module, layers, integers=()) -> dict:
     """What a structure test judges, as plain data: each named layer described, how many distinct
-    layers they are, the number of parameters and their list (name and shape, sorted by name). A
-    parameter of a named layer is listed under that layer's name ("W_q.weight"), wherever the
-    module keeps it (an nn.ModuleDict behind a property, say), so that a right answer's list is
-    the reference's."""
+    layers they are, the number of parameters and their list (name and shape, sorted by name), and
+    each attribute of ``integers`` (``describe_integer``). A parameter of a named layer is listed
+    under that layer's name ("W_q.weight"), wherever the module keeps it (an nn.ModuleDict behind a
+    property, say), so that a right answer's list is the reference's."""
     found = [getattr(module, n, None) for n in layers]
     out = {n: describe_layer(layer) for n, layer in zip(layers, found)}
     out["distinct layers"] = len({id(layer) for layer in found if layer is not None})
@@ -435,6 +492,7 @@ def module_structure(module, layers) -> dict:
              for k, p in layer.named_parameters()}
     listed = sorted(f"{known.get(id(p), k)} {tuple(p.shape)}" for k, p in module.named_parameters())
     out["parameter list"] = ", ".join(listed)
+    out.update({n: describe_integer(module, n) for n in integers})
     return out
 
 
@@ -471,8 +529,9 @@ def _pair(result):
 def module_adapter(piece, case):
     """Build the answer's class with the case's sizes, then
 
-    - a structure case (``d_model``): its structure (``module_structure``), after one forward pass
-      whose errors do not matter (what it calls is still watched);
+    - a structure case (``d_model``): its structure (``module_structure``: the four layers and the
+      contract's attributes), after one forward pass whose errors do not matter (what it calls is
+      still watched);
     - a value case: the case's weights loaded by name, the parameters frozen, ``forward(x[, mask])``:
       the output, the weights, x and the mask as they are after the call, and the names of the
       module's parameters and buffers that the call changed (none, for a right answer);
@@ -488,7 +547,7 @@ def module_adapter(piece, case):
             module(case["x"].clone())
         except Exception:
             pass
-        return module_structure(module, PROJECTIONS)
+        return module_structure(module, PROJECTIONS, tuple(CONTRACT))
     x = case["x"].clone()
     module = build(piece, x.shape[-1], case["n_heads"]).to(x.dtype)
     load(module, {n: case[n] for n in PARAMS})
@@ -531,7 +590,8 @@ def module_adapter(piece, case):
 # ---------------------------------------------------------------- properties (plain data)
 def mha_structure(case, out, want):
     """Four bias-free (d_model, d_model) nn.Linear layers W_q, W_k, W_v, W_o, four distinct ones, and
-    nothing else: 4 * d_model**2 parameters, whatever the number of heads."""
+    nothing else: 4 * d_model**2 parameters, whatever the number of heads; then the contract's
+    integer attributes n_heads and d_k, equal to the reference's."""
     if "d_model" not in case:
         return None
     d, H = case["d_model"], case["n_heads"]
@@ -555,6 +615,21 @@ def mha_structure(case, out, want):
         return (f"MultiHeadAttention({d}, {H}) has {out.get('parameters'):,} parameters but should have "
                 f"4 * d_model**2 = {want['parameters']:,} (four d_model x d_model matrices, no biases). "
                 f"Yours: {out.get('parameter list')}.")
+    # the contract with the later exercises: the values read from the built instance (an int, or what
+    # the attribute is instead: ``describe_integer``)
+    for n, (what, line) in CONTRACT.items():
+        got = out.get(n)
+        if got == want[n]:
+            continue
+        read = (f"the KV-cache and capstone exercises read mha.{n} from your module (in "
+                "cached_attention_step(x_new, cache, mha)).")
+        if got == "missing":
+            return (f"MultiHeadAttention({d}, {H}) should have an attribute {n}, {what}: here {want[n]} "
+                    f"({line}); it has none. This exercise asks for it because {read}")
+        if isinstance(got, str):
+            return (f"MultiHeadAttention({d}, {H}).{n} should be the integer {want[n]}, {what} ({line}), but "
+                    f"yours is {got}, which cannot size a tensor (view and reshape take integers): {read}")
+        return (f"MultiHeadAttention({d}, {H}).{n} is {got} but should be {want[n]}, {what} ({line}): {read}")
     return None
 
 
@@ -712,7 +787,8 @@ MHA_EXERCISE = Exercise(
     adapter=module_adapter,
     reference="firstprinciples.reference:MultiHeadAttention",
     names={**GRAD_NAMES, "distinct layers": "the number of distinct layers among W_q, W_k, W_v, W_o",
-           "parameters": "the number of parameters", "parameter list": "the parameters (name and shape)"},
+           "parameters": "the number of parameters", "parameter list": "the parameters (name and shape)",
+           **{n: f"the attribute {n}" for n in CONTRACT}},
     visible=_mha_visible(),
     secret=mha_secret,
     tests={

@@ -123,7 +123,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}")
-        self.n_heads = n_heads
+        self.n_heads, self.d_k = n_heads, d_model // n_heads
         for name in self.NAMES:
             setattr(self, name, nn.Linear(d_model, d_model, bias=False))
 
@@ -141,6 +141,7 @@ class MultiHeadAttention(nn.ModuleDict):
         assert d_model % n_heads == 0, "d_model must be divisible by n_heads"
         super().__init__({name: nn.Linear(d_model, d_model, bias=False) for name in ("W_q", "W_k", "W_v", "W_o")})
         self.n_heads = n_heads
+        self.d_k = d_model // n_heads
 
     def forward(self, x, mask=None):
         Q, K, V = (split_heads(self[name](x), self.n_heads) for name in ("W_q", "W_k", "W_v"))
@@ -155,7 +156,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model, n_heads):
         super().__init__()
         assert d_model % n_heads == 0, "d_model must be divisible by n_heads"
-        self.n_heads = n_heads
+        self.n_heads, self.d_k = n_heads, d_model // n_heads
         self.proj = nn.ModuleDict({key: nn.Linear(d_model, d_model, bias=False) for key in "qkvo"})
 
     W_q = property(lambda self: self.proj["q"])
@@ -178,6 +179,7 @@ class MultiHeadAttention(nn.Module):
         if d_model % n_heads:
             raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}")
         self.n_heads = n_heads
+        self.d_k = d_model // n_heads
         self.W_q = nn.Linear(d_model, d_model, bias=False)
         self.W_k = nn.Linear(d_model, d_model, bias=False)
         self.W_v = nn.Linear(d_model, d_model, bias=False)
@@ -222,6 +224,10 @@ class MultiHeadAttention(nn.Module):
         self.layout = HeadLayout(d_model, n_heads)
         self.n_heads = n_heads
         self.W_q, self.W_k, self.W_v, self.W_o = (nn.Linear(d_model, d_model, bias=False) for _ in range(4))
+
+    @property
+    def d_k(self) -> int:
+        return self.layout.d_k
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         heads = [split_heads(layer(x), self.layout.n_heads) for layer in (self.W_q, self.W_k, self.W_v)]
@@ -655,7 +661,8 @@ _entry(
     "mha_dataclass_chunk", "multi_head_attention",
     {"split_heads": SPLIT_CHUNK, "merge_heads": MERGE_CAT, "MultiHeadAttention": MHA_DATACLASS},
     [],
-    "a frozen @dataclass for the head layout, typing annotations, layers assigned by tuple unpacking; chunk/stack and unbind/cat for the heads",
+    "a frozen @dataclass for the head layout (d_k a property that reads it), typing annotations, layers assigned by "
+    "tuple unpacking; chunk/stack and unbind/cat for the heads",
 )
 
 # ------------------------------------------------------------ transformer block

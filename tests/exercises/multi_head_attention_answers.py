@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -174,6 +175,7 @@ class GoodMHA(nn.Module):
     def __init__(self, d_model, n_heads):
         super().__init__()
         self.n_heads = n_heads
+        self.d_k = d_model // n_heads
         self.W_q = nn.Linear(d_model, d_model, bias=False)
         self.W_k = nn.Linear(d_model, d_model, bias=False)
         self.W_v = nn.Linear(d_model, d_model, bias=False)
@@ -230,7 +232,7 @@ class LayersInAModuleDict(nn.Module):
 
     def __init__(self, d_model, n_heads):
         super().__init__()
-        self.n_heads = n_heads
+        self.n_heads, self.d_k = n_heads, d_model // n_heads
         self.proj = nn.ModuleDict({key: nn.Linear(d_model, d_model, bias=False) for key in "qkvo"})
 
     W_q = property(lambda self: self.proj["q"])
@@ -242,6 +244,43 @@ class LayersInAModuleDict(nn.Module):
         Q, K, V = (split_unflatten(self.proj[key](x), self.n_heads) for key in "qkv")
         out, weights = attention.einsum_logsumexp(Q, K, V, mask)
         return self.proj["o"](merge_flatten(out)), weights
+
+
+class HeadCountAsProperty(GoodMHA):
+    """n_heads a read-only property over a private tuple; d_k computed in __init__ as int(d_model / n_heads)."""
+
+    def __init__(self, d_model, n_heads):
+        nn.Module.__init__(self)  # (GoodMHA's __init__ would assign n_heads, which has no setter here)
+        self._sizes = (d_model, n_heads)
+        self.d_k = int(d_model / n_heads)
+        for name in ("W_q", "W_k", "W_v", "W_o"):
+            setattr(self, name, nn.Linear(d_model, d_model, bias=False))
+
+    @property
+    def n_heads(self):
+        return self._sizes[1]
+
+
+class SizesSetInALoop(GoodMHA):
+    """n_heads and d_k set with setattr from a dict; d_k a NumPy integer, which works wherever an int does."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__(d_model, n_heads)
+        del self.n_heads, self.d_k
+        for name, value in {"n_heads": n_heads, "d_k": np.int64(d_model) // n_heads}.items():
+            setattr(self, name, value)
+
+
+class SizesOnTheClass(GoodMHA):
+    """n_heads a class attribute set at init; d_k a 0-d integer tensor kept as a buffer."""
+
+    n_heads = None
+
+    def __init__(self, d_model, n_heads):
+        super().__init__(d_model, n_heads)
+        del self.n_heads, self.d_k
+        type(self).n_heads = n_heads
+        self.register_buffer("d_k", torch.tensor(d_model // n_heads))
 
 
 def _seed_mha():
@@ -310,6 +349,42 @@ class SharedProjection(GoodMHA):
         self.W_k = self.W_q
 
 
+class HeadCountAsH(GoodMHA):
+    """The head count kept as self.h and no d_k at all (the declared mistake keeps d_k)."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__(d_model, n_heads)
+        del self.n_heads, self.d_k
+        self.h = n_heads
+
+    def split(self, t):
+        return split_unflatten(t, self.h)
+
+
+class NoDk(GoodMHA):
+    def __init__(self, d_model, n_heads):
+        super().__init__(d_model, n_heads)
+        del self.d_k
+
+
+class DkAsFloat(GoodMHA):
+    def __init__(self, d_model, n_heads):
+        super().__init__(d_model, n_heads)
+        self.d_k = d_model / n_heads  # 4.0: view(B, T, H, d_k) refuses it
+
+
+class HeadsAndWidthSwapped(GoodMHA):
+    """n_heads and d_k hold each other's value (forward uses the right one, under another name)."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__(d_model, n_heads)
+        self.heads = n_heads
+        self.n_heads, self.d_k = d_model // n_heads, n_heads
+
+    def split(self, t):
+        return split_unflatten(t, self.heads)
+
+
 class FusedQKV(GoodMHA):
     def __init__(self, d_model, n_heads):
         nn.Module.__init__(self)
@@ -368,6 +443,7 @@ class StudentMHA(nn.Module):
     def __init__(self, d_model, n_heads):
         super().__init__()
         self.n_heads = n_heads
+        self.d_k = d_model // n_heads
         self.W_q = nn.Linear(d_model, d_model, bias=False)
         self.W_k = nn.Linear(d_model, d_model, bias=False)
         self.W_v = nn.Linear(d_model, d_model, bias=False)
@@ -422,6 +498,9 @@ def not_a_module(d_model, n_heads):
 
 MHA_CORRECT = {"reference": as_student_code(reference.MultiHeadAttention), "einsum, unflatten and flatten": GoodMHA,
                "head by head, layers made backwards": HeadByHead, "layers in an nn.ModuleDict": LayersInAModuleDict,
+               "n_heads a property, d_k int(d_model / n_heads)": HeadCountAsProperty,
+               "n_heads and d_k by setattr, d_k a NumPy integer": SizesSetInALoop,
+               "n_heads a class attribute, d_k a 0-d tensor buffer": SizesOnTheClass,
                "the seed's": _lazy_class(_seed_mha)}
 MHA_WRONG = {
     "calls nn.MultiheadAttention": (CallsTorchMHA, ALL, ALL),
@@ -433,6 +512,11 @@ MHA_WRONG = {
     # (only the weights are loaded: the biases stay random, honest gradients flow through them)
     "Linear layers with biases": (WithBiases, {STRUCTURE, VALUES, MASKS}, {STRUCTURE, VALUES, MASKS}),
     "an extra parameter": (ExtraTemperature, {STRUCTURE}, {STRUCTURE}),
+    # (the contract the KV cache and the capstone rely on; the values are right)
+    "head count as self.h, no d_k": (HeadCountAsH, {STRUCTURE}, {STRUCTURE}),
+    "no d_k": (NoDk, {STRUCTURE}, {STRUCTURE}),
+    "d_k a float": (DkAsFloat, {STRUCTURE}, {STRUCTURE}),
+    "n_heads and d_k swapped": (HeadsAndWidthSwapped, {STRUCTURE}, {STRUCTURE}),
     # (W_k's weights are loaded last into the shared layer: queries are keys; and moving W_q and W_k
     # along two directions moves the one layer along one: its gradients do not match its outputs)
     "one layer shared by W_q and W_k": (SharedProjection, ALL, ALL),

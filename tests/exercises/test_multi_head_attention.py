@@ -4,6 +4,7 @@ module's adapter (seeds, structure, weights by name), the recaps that later note
 (declared in their notebooks with ``exercises.recap``) and how the re-check judges their cells."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -49,6 +50,20 @@ def message(grade_id: str, answer) -> str:
     ("test_mha_structure", A.not_a_module, ["should build an nn.Module", "built a function"]),
     ("test_mha_structure", A.NoSuperInit, ["in NoSuperInit.__init__", "self.W_q = nn.Linear",
                                            "must call `super().__init__()`"]),
+    # the contract with the KV cache and the capstone (issue 42): the attribute, its value, who reads it
+    ("test_mha_structure", MISTAKES["head count kept under another name"], [
+        "MultiHeadAttention(16, 4) should have an attribute n_heads, the number of heads: here 4 "
+        "(self.n_heads = n_heads); it has none", "the KV-cache and capstone exercises read mha.n_heads",
+        "head count kept under another name", "self.n_heads"]),
+    ("test_mha_structure", A.HeadCountAsH, ["should have an attribute n_heads", "here 4", "it has none",
+                                            "KV-cache and capstone exercises read mha.n_heads"]),
+    ("test_mha_structure", A.NoDk, ["should have an attribute d_k, the width of each head, d_model // n_heads: "
+                                    "here 4 (self.d_k = d_model // n_heads); it has none",
+                                    "the KV-cache and capstone exercises read mha.d_k"]),
+    ("test_mha_structure", A.DkAsFloat, ["MultiHeadAttention(16, 4).d_k should be the integer 4",
+                                         "yours is a float, 4.0", "KV-cache and capstone exercises read mha.d_k"]),
+    ("test_mha_structure", A.HeadsAndWidthSwapped, ["MultiHeadAttention(12, 3).n_heads is 4 but should be 3",
+                                                    "the number of heads", "read mha.n_heads"]),
     # the student's own line, the shapes on it and what to write instead
     ("test_mha_against_reference", A.DotTIn4D, [
         "raised RuntimeError in your code at", "in DotTIn4D.forward", "scores = Q @ K.T / math.sqrt(Q.shape[-1])",
@@ -97,7 +112,36 @@ def test_forbidden_call_messages_are_clear(answer):
         assert "scores 0" in str(err) and ("attention" in str(err) or "MultiHeadAttention" in str(err)), err
 
 
+def test_the_re_check_says_which_attribute_the_later_exercises_miss():
+    """On the secret cases too, the structure test names the missing attribute, who reads it and the
+    declared mistake."""
+    from test_declarations import recheck_failures
+
+    failed = recheck_failures(PIECES["MultiHeadAttention"], as_answer(MISTAKES["head count kept under another name"]),
+                              seed=1)
+    assert set(failed) == {"test_mha_structure"}, failed
+    reason = failed["test_mha_structure"]
+    for phrase in ("should have an attribute n_heads", "it has none", "KV-cache and capstone exercises read "
+                   "mha.n_heads", "head count kept under another name"):
+        assert phrase in reason, f"{phrase!r} not in:\n{reason}"
+
+
 # ---------------------------------------------------------------- the module's adapter
+@pytest.mark.parametrize("value, reported", [
+    (4, 4), (np.int64(4), 4), (torch.tensor(4), 4), (True, 1),  # what reshape accepts as an integer
+    (4.0, "a float, 4.0"), (torch.tensor(4.0), "a Tensor, tensor(4.)"), ("4", "a str, '4'"),
+    (list(range(30)), "a list, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11..."),
+])
+def test_the_contract_s_attributes_are_reported_as_integers_or_as_what_they_are(value, reported):
+    class Sized(torch.nn.Module):
+        pass
+
+    module = Sized()
+    module.n_heads = value
+    assert D.describe_integer(module, "n_heads") == reported
+    assert D.describe_integer(module, "d_k") == "missing"
+
+
 def test_building_does_not_touch_the_global_random_state():
     torch.manual_seed(123)
     expected = torch.rand(3)
