@@ -175,9 +175,10 @@ def refuse_new_processes() -> bool:
 # The course's own implementations, never part of an answer: the reference, the checks, the models
 # of the capstone and of the lengths chapter (the capstone's corpus and training loop are the
 # notebook's to use: they import no model). A runner needs none of them (its probes are the
-# declarations' adapters), so it refuses them: they are taken out of ``sys.modules`` and of their parent packages, and importing one raises
-# ImportError. (Objects that other modules still hold, reached through ``gc`` or a module's
-# attribute, are recognised when called: ``observe``'s tables hold their identities and places.)
+# declarations' adapters), so it refuses them: they are taken out of ``sys.modules`` and of their
+# parent packages, and importing one raises ImportError. (Objects that other modules still hold,
+# reached through ``gc`` or a module's attribute, are recognised when called: ``observe``'s tables
+# hold their identities and places.)
 COURSE_IMPLEMENTATIONS = ("firstprinciples.reference", "firstprinciples.checks", "firstprinciples.grading.probes.",
                           "firstprinciples.capstone.model", "firstprinciples.capstone.export",
                           "firstprinciples.capstone.sphinx_explorer", "firstprinciples.lengths")
