@@ -36,9 +36,12 @@ import nbgrader.apps.generateassignmentapp
 from nbgrader.coursedir import CourseDirectory
 
 import firstprinciples.grading
+import firstprinciples.grading.here
 
 # One copy of the course package for every process of a command (a grading-setup error otherwise).
 firstprinciples.grading.require_one_copy(os.getcwd())
+# Every kernel an nbgrader command starts runs a notebook for the grader: its every_test() cell does nothing.
+firstprinciples.grading.here.mark_grading()
 from firstprinciples.grading.exchange import KeepReleasedGenerateAssignment
 from firstprinciples.grading.execute import RobustExecute
 from firstprinciples.grading.parallel import MARKER, GraderBoundKernelManager, ParallelAutograde

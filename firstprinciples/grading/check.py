@@ -21,6 +21,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from . import here
+
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 CELL = re.compile(r"cell In\[(\d+)\]")
 
@@ -274,6 +276,7 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=120, help="seconds per cell (the grader's default: 120)")
     args = parser.parse_args(argv)
     _one_thread_each()
+    here.mark_grading()  # (before any kernel or template starts: the notebook's last cell then does nothing)
     imported = _prestart()
     try:
         return check(args.notebook, args.timeout, imported)

@@ -48,7 +48,7 @@ from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Float, Integer
 
-from . import folderwatch, kernelstate, scan, trusted, verdicts, warm
+from . import folderwatch, here, kernelstate, scan, trusted, verdicts, warm
 from .notes import add_note
 
 FAULT_NAME = "GradingFault"
@@ -140,6 +140,7 @@ class RobustExecute(Execute):
 
     # ------------------------------------------------------------ execution
     def preprocess(self, nb, resources=None, km=None):
+        here.mark_grading()  # (the kernels started from now on: a notebook's every_test() cell does nothing)
         NotebookClient.__init__(self, nb, km)
         self.reset_execution_trackers()
         self._check_assign_resources(resources)
