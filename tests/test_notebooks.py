@@ -81,12 +81,20 @@ def test_release_passes_no_test(path):
 @pytest.mark.parametrize("path", RELEASED, ids=rel)
 def test_first_cell_installs_the_course_from_the_repository(path):
     """Where the course package is missing (Colab), the setup cell installs it from the address
-    set in _config.yml (repository.url), the one place it is written by hand."""
+    set in _config.yml (repository.url), the one place it is written by hand, at the version the
+    notebook was released with: the tag v<version> of the package's version (pyproject.toml), so that
+    the notebook and the package it installs cannot drift apart."""
+    import tomllib
+
     import yaml
 
+    import firstprinciples
     from course import ROOT
 
     url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert version == firstprinciples.__version__
     setup = next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
     assert 'find_spec("firstprinciples") is None' in setup.source, "the setup cell does not install the course"
-    assert f'"git+{url}"' in setup.source, f"the setup cell's address is not _config.yml's repository.url ({url})"
+    assert f'"git+{url}@v{version}"' in setup.source, \
+        f"the setup cell's address is not _config.yml's repository.url ({url}) at the tag v{version}"
