@@ -10,6 +10,7 @@ both runners: the notebook's ``check`` (visible cases) and the trusted re-check
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 
 import nbformat
@@ -18,6 +19,8 @@ import pytest
 import torch
 
 from course import SOLUTIONS
+from exercises import capstone_answers as A
+from exercises.test_kv_cache import HONEST_NOTEBOOK
 from firstprinciples.capstone import make_corpus
 from firstprinciples.capstone.train import accuracy, held_out_loss, train, unigram_loss
 from firstprinciples.exercises import capstone as D
@@ -107,23 +110,11 @@ def trained(kind, ns):
     return model.eval()
 
 
-RESTART = '''
-def generate_cached(model, ids, n_new):
-    caches = [KVCache() for _ in model.blocks]
-    new, steps = ids, []
-    with torch.no_grad():
-        for _ in range(n_new):
-            x = model.tok(new) + model.pos(torch.arange(new.shape[1]))  # positions restart at 0
-            for block, cache in zip(model.blocks, caches):
-                a, _ = cached_attention_step(block.ln1(x), cache, block.attn)
-                x = x + a
-                x = x + block.ffn(block.ln2(x))
-            logits = model.head(model.ln_f(x[:, -1]))
-            steps.append(logits)
-            new = logits.argmax(-1, keepdim=True)
-            ids = torch.cat([ids, new], dim=1)
-    return ids, torch.stack(steps, dim=1)
-'''
+# A correct decoder as the notebook asks (the answers table's), and two of its typical mistakes.
+PLAIN_GENERATE = inspect.getsource(A.plain_generate).replace("def plain_generate(", "def generate_cached(")
+RESTART = PLAIN_GENERATE.replace("torch.arange(T_past, T_past + new.shape[1])", "torch.arange(new.shape[1])")
+NO_FINAL_NORM = PLAIN_GENERATE.replace("model.head(model.ln_f(x[:, -1]))", "model.head(x[:, -1])")
+assert RESTART != PLAIN_GENERATE != NO_FINAL_NORM
 
 NO_KVCACHE = '''
 def generate_cached(model, ids, n_new):
@@ -166,9 +157,6 @@ def generate_cached(model, ids, n_new):
     finally:
         cached_attention_step = mine
 '''
-
-NO_FINAL_NORM = RESTART.replace("torch.arange(new.shape[1])", "torch.arange(len(caches[0]), len(caches[0]) + new.shape[1])") \
-    .replace("model.head(model.ln_f(x[:, -1]))", "model.head(x[:, -1])")
 
 
 # variant -> (model kind, decoder source or None, the cells the kernel fails, the cells the re-check fails)
@@ -325,46 +313,17 @@ def test_the_decoder_uses_the_notebooks_model_class():
          "    def __init__(self, d_model, n_heads):\n"
          "        super().__init__(d_model, n_heads)\n"
          "        self.width_of_a_head = d_model // n_heads\n", ns)
-    exec(RESTART.replace("torch.arange(new.shape[1])", "torch.arange(len(caches[0]), len(caches[0]) + new.shape[1])")
-         .replace("                x = x + a\n", "                x = x + a * (block.attn.width_of_a_head > 0)\n"), ns)
+    relies = PLAIN_GENERATE.replace("                x = x + a\n", "                x = x + a * (block.attn.width_of_a_head > 0)\n")
+    assert relies != PLAIN_GENERATE
+    exec(relies, ns)
     check("test_generate_cached", ns["generate_cached"])
     nb = nbformat.read(NOTEBOOK, as_version=4)
     assert not trusted.local_verdicts(nb, ns, 0, only=("generate_cached",)).get("test_generate_cached")
 
 
-HELPER_CACHE = '''
-class KVCache:
-    def __init__(self):
-        self.K = None
-        self.V = None
-
-    def extend(self, k, v):
-        self.K = k if self.K is None else torch.cat([self.K, k], dim=-2)
-        self.V = v if self.V is None else torch.cat([self.V, v], dim=-2)
-        self.extended = getattr(self, "extended", 0) + 1
-
-    def keys_and_values(self):
-        return self.K, self.V
-
-    def append(self, k, v):
-        self.extend(k, v)
-        return self.keys_and_values()
-
-    def __len__(self):
-        return 0 if self.K is None else self.K.shape[-2]
-
-
-def cached_attention_step(x_new, cache, mha):
-    T_new, T_past = x_new.shape[1], len(cache)
-    q = split_heads(mha.W_q(x_new), mha.n_heads)
-    cache.extend(split_heads(mha.W_k(x_new), mha.n_heads), split_heads(mha.W_v(x_new), mha.n_heads))
-    K, V = cache.keys_and_values()
-    mask = None
-    if T_new > 1:
-        mask = torch.triu(torch.full((T_new, T_past + T_new), float("-inf"), dtype=x_new.dtype), diagonal=T_past + 1)
-    out, weights = scaled_dot_product_attention(q, K, V, mask)
-    return mha.W_o(merge_heads(out)), weights
-'''
+# The KV-cache exercise's honest notebook: a KVCache with helper methods of its own, and a step that calls
+# them (never append).
+HELPER_CACHE = HONEST_NOTEBOOK
 
 
 def test_a_step_using_helpers_of_its_own_cache_gets_every_cell():
