@@ -115,7 +115,7 @@ def test_forbidden_call_messages_are_clear(answer):
 def test_the_re_check_says_which_attribute_the_later_exercises_miss():
     """On the secret cases too, the structure test names the missing attribute, who reads it and the
     declared mistake."""
-    from test_declarations import recheck_failures
+    from exercises.harness import recheck_failures
 
     failed = recheck_failures(PIECES["MultiHeadAttention"], as_answer(MISTAKES["head count kept under another name"]),
                               seed=1)
