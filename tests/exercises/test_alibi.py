@@ -63,7 +63,7 @@ def test_zero_scores_show_the_bias_alone():
 
 
 def test_the_recheck_names_the_mistake_without_showing_secret_weights():
-    from test_declarations import recheck_failures
+    from exercises.harness import recheck_failures
 
     failed = recheck_failures(EXERCISE, MISTAKES["the paper's rule for n_heads not a power of two"], seed=3)
     text = failed["test_in_attention"]

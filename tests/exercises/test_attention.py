@@ -95,7 +95,7 @@ def test_a_failure_shows_no_frame_of_the_course_but_the_one_hidden_wrapper():
     ("scaled by sqrt(d_v)", "test_masks", 2),
 ])
 def test_the_recheck_names_the_mistakes_only_it_catches(mistake, grade_id, seed):
-    from test_declarations import recheck_failures
+    from exercises.harness import recheck_failures
 
     text = recheck_failures(EXERCISE, MISTAKES[mistake], seed)[grade_id]
     assert mistake in text and "Your results match a typical mistake" in text, text
@@ -104,7 +104,7 @@ def test_the_recheck_names_the_mistakes_only_it_catches(mistake, grade_id, seed)
 
 def test_the_seeds_attention_passes_every_test():
     from seeds import seed_namespace
-    from test_declarations import kernel_failures, recheck_failures
+    from exercises.harness import kernel_failures, recheck_failures
 
     seed = seed_namespace("scaled_dot_product_attention")["scaled_dot_product_attention"]
     assert kernel_failures(EXERCISE, seed) == {}
@@ -128,7 +128,7 @@ def test_the_tests_that_judge_no_values_keep_wrong_values(answer, kept):
     """test_batched_shapes judges structure and rows summing to 1, test_gradients_and_inputs the
     gradients against the answer's own outputs (as their checks always did): wrong values keep them,
     in the kernel and in the re-check, and lose the tests that compare values."""
-    from test_declarations import kernel_failures, recheck_failures
+    from exercises.harness import kernel_failures, recheck_failures
 
     failed = kernel_failures(EXERCISE, answer)
     assert kept not in failed and "test_random_against_torch" in failed, failed

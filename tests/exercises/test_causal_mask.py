@@ -63,7 +63,7 @@ def test_the_profile_hook_is_set_back():
 
 
 def test_the_recheck_names_the_mistake_without_showing_secret_values():
-    from test_declarations import recheck_failures
+    from exercises.harness import recheck_failures
 
     failed = recheck_failures(EXERCISE, MISTAKES["0/1 mask instead of 0/-inf (1 = hidden)"], seed=4)
     text = failed["test_no_peeking"]
@@ -110,7 +110,7 @@ def test_the_declared_mask_is_the_sources_table():
 
 
 def test_the_sources_mask_line_passes_both_runners():
-    from test_declarations import kernel_failures, recheck_failures
+    from exercises.harness import kernel_failures, recheck_failures
 
     answer = seed_mask_line()
     assert kernel_failures(EXERCISE, answer) == {}

@@ -108,7 +108,7 @@ def test_the_worked_example_reproduces_the_attention_chapter():
     (T.scaled_by_d_model, "test_padding_mask", 1),
 ])
 def test_the_recheck_fails_what_only_it_catches_without_showing_values(answer, grade_id, seed):
-    from test_declarations import recheck_failures
+    from exercises.harness import recheck_failures
 
     text = recheck_failures(EXERCISE, answer, seed)[grade_id]
     assert "differs from the reference" in text or "non-finite" in text, text
@@ -116,7 +116,7 @@ def test_the_recheck_fails_what_only_it_catches_without_showing_values(answer, g
 
 
 def test_the_recheck_names_a_mistake_without_showing_values():
-    from test_declarations import recheck_failures
+    from exercises.harness import recheck_failures
 
     text = recheck_failures(EXERCISE, MISTAKES["causal mask applied to cross-attention"], 2)["test_roles"]
     assert "no causal mask in cross-attention" in text and "causal mask applied to cross-attention" in text, text
@@ -125,7 +125,7 @@ def test_the_recheck_names_a_mistake_without_showing_values():
 
 def test_the_seeds_attention_passes_every_test():
     from seeds import seed_namespace
-    from test_declarations import kernel_failures, recheck_failures
+    from exercises.harness import kernel_failures, recheck_failures
 
     seed = seed_namespace("scaled_dot_product_attention")["scaled_dot_product_attention"]
     assert kernel_failures(RECAP, seed) == {}
@@ -148,7 +148,7 @@ def test_the_tests_that_judge_no_values_keep_wrong_values(answer, kept):
     """test_shapes judges structure and rows summing to 1, test_gradients_and_inputs the gradients
     against the answer's own output (as their checks always did): wrong values keep them, in the
     kernel and in the re-check, and lose the tests that compare values."""
-    from test_declarations import kernel_failures, recheck_failures
+    from exercises.harness import kernel_failures, recheck_failures
 
     failed = kernel_failures(EXERCISE, answer)
     assert kept not in failed and "test_against_torch" in failed, failed
@@ -160,7 +160,7 @@ def test_an_answer_whose_queries_read_each_other_fails_the_roles_test():
     """The property of test_roles, on the answer's own further calls: an answer that mixes its output
     rows (a little of the mean over the queries added to each) is told so, in the kernel and in the
     re-check, without a named mistake."""
-    from test_declarations import kernel_failures, recheck_failures
+    from exercises.harness import kernel_failures, recheck_failures
 
     def rows_mixed(x, context, W_q, W_k, W_v, mask=None):
         out, w = T.plain(x, context, W_q, W_k, W_v, mask)
@@ -203,7 +203,7 @@ def test_a_cross_attention_answer_never_fails_the_recap():
     """The recap cell is re-checked on the notebook's attention only: a wrong cross_attention leaves it
     alone, a wrong attention fails it."""
     from course import as_answer, as_student_code
-    from test_declarations import notebook
+    from exercises.harness import notebook
 
     from firstprinciples.grading import trusted
 

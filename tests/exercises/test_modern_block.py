@@ -91,7 +91,7 @@ def test_a_mistake_right_on_the_module_as_built_is_named_where_it_differs():
     ("GroupedQueryAttention", "scaled by sqrt(d_model)", "test_gqa_masks", 2),
 ])
 def test_the_recheck_names_the_mistakes_without_showing_its_inputs(piece, mistake, grade_id, seed):
-    from test_declarations import recheck_failures
+    from exercises.harness import recheck_failures
 
     text = recheck_failures(PIECES[piece], MISTAKES[piece, mistake], seed)[grade_id]
     assert mistake in text and "Your results match a typical mistake" in text, text
@@ -99,7 +99,7 @@ def test_the_recheck_names_the_mistakes_without_showing_its_inputs(piece, mistak
 
 
 def test_the_recheck_judges_the_gradients_an_answer_hides_in_the_notebook():
-    from test_declarations import recheck_failures
+    from exercises.harness import recheck_failures
 
     text = recheck_failures(PIECES["SwiGLU"], A.SwiGLUDetached, 0)["test_swiglu_values"]
     assert "with the gradients" in text and "no gradient reaches x" in text and ".detach()" in text, text

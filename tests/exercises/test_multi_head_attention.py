@@ -201,7 +201,7 @@ def test_the_tests_that_judge_no_values_keep_wrong_values(answer, kept):
     """test_mha_structure judges the layers, test_mha_gradients_and_inputs the gradients against the
     answer's own outputs (as their checks always did): wrong values keep them, in the kernel and in
     the re-check, and lose the test that compares values."""
-    from test_declarations import kernel_failures, recheck_failures
+    from exercises.harness import kernel_failures, recheck_failures
 
     exercise = PIECES["MultiHeadAttention"]
     failed = kernel_failures(exercise, answer)

@@ -96,14 +96,14 @@ def _doubled(fn):
     (_doubled(A.rope_complex), "test_rope_gradients_and_inputs"),
 ])
 def test_a_test_of_a_property_compares_no_values(answer, cell):
-    from test_declarations import kernel_failures, recheck_failures
+    from exercises.harness import kernel_failures, recheck_failures
 
     for failed in (kernel_failures(ROPE, answer), recheck_failures(ROPE, answer, seed=3)):
         assert cell not in failed and "test_rope_shapes" in failed, failed
 
 
 def test_the_recheck_names_the_mistake_without_showing_secret_values():
-    from test_declarations import recheck_failures
+    from exercises.harness import recheck_failures
 
     failed = recheck_failures(ROPE, ROPE_MISTAKES["positions along the wrong axis"], seed=4)
     text = failed["test_rope_relative_position"]

@@ -94,7 +94,7 @@ def _doubled(fn):
 def test_the_gradient_tests_judge_gradients_not_values(exercise, answer, values_cell):
     """A gradient test compares no values with the reference (as its checks never did): wrong values
     with honest gradients keep it, in the kernel and in the re-check, and lose the value tests."""
-    from test_declarations import kernel_failures, recheck_failures
+    from exercises.harness import kernel_failures, recheck_failures
 
     grads = next(gid for gid in exercise.tests if gid.endswith("gradients_and_inputs"))
     assert grads not in kernel_failures(exercise, answer) and values_cell in kernel_failures(exercise, answer)
@@ -121,7 +121,7 @@ def test_dishonest_gradients_fail_the_gradient_test():
 
 
 def test_the_recheck_names_the_mistake_without_showing_secret_values():
-    from test_declarations import recheck_failures
+    from exercises.harness import recheck_failures
 
     failed = recheck_failures(SCORES, MISTAKES["K.T on batched input"], seed=4)
     text = failed["test_scores_batched"]
@@ -134,7 +134,7 @@ def test_the_seeds_projections_pass_but_the_gradient_test():
     (d_model, d_out) weights, its projections pass every test but the gradient one (its layers hold
     weights of their own, so no gradient reaches the W_q, W_k, W_v passed in)."""
     from seeds import seed_namespace
-    from test_declarations import kernel_failures
+    from exercises.harness import kernel_failures
 
     seed = seed_namespace("MultiHeadAttention")["MultiHeadAttention"]
 

@@ -53,7 +53,7 @@ def test_h0_ignored_is_not_named_where_it_is_right():
 
 
 def test_dishonest_gradients_are_named_without_secret_values():
-    from test_declarations import recheck_failures
+    from exercises.harness import recheck_failures
 
     def rounds_through_python(x, h0, W_xh, W_hh, b):
         # right values, but the last state goes through Python numbers: no gradient from it

@@ -76,7 +76,7 @@ def test_a_correct_sampler_is_not_named_as_a_mistake_where_a_mistake_is_right():
 
 
 def test_the_recheck_names_the_mistake_without_showing_secret_values():
-    from test_declarations import recheck_failures
+    from exercises.harness import recheck_failures
 
     failed = recheck_failures(EXERCISE, MISTAKES["top-p drops the token that crosses the threshold"], seed=4)
     text = failed["test_top_p"]
