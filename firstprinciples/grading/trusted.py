@@ -560,7 +560,7 @@ def _outcome(check: Check, report: dict, machinery) -> Outcome:
     results = report.get("results")
     if not isinstance(results, list) or len(results) != len(check.cases):
         return Outcome("the re-check's result is incomplete")
-    if check.probe.judge is None and not check.expected:
+    if not check.expected:
         check.expected = reference_results(check)
     flags = [f"{check.name}: {wire.capped(c, 200)}" for c in (report.get("changes") or [])[:5]]
     from . import observe  # (torch: only where a re-check's results are judged, never in the check command's own process)
@@ -636,15 +636,6 @@ def _over_memory(check: Check, i: int, res: dict) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------- comparison
-def compare(got: dict, want: dict, where: str, tolerance: dict, values: bool = True) -> str | None:
-    """None when ``got`` matches ``want``, else what differs (``values=False``: only type, dtype,
-    shape and requires_grad): ``grading.compare``, the one comparison, without the secret values."""
-    from . import compare as comparison
-
-    return comparison.compare(where, got, want, tol=tolerance, values=values, show=False)
-
-
 @dataclass
 class Outcome:
     """What the re-check found for one object: a reason that voids every case
@@ -685,28 +676,15 @@ def _label(enc: dict, i: int) -> str:
 
 
 def judge_case(check: Check, aspect: probes.Aspect, enc: dict, got: dict, want: dict | None) -> str | None:
-    """Why the kernel's results ``got`` fail the aspect on this case (None: they pass)."""
-    if aspect.test is not None and check.probe.declared is not None:  # a declared exercise: its own judgement
-        exercise, case = check.probe.declared, declared.plain_case(probes.decode_case(enc))
-        why = declared.judge(exercise, aspect.test, case, got, want, show=False)
-        return why and why + declared.named(declared.diagnose(exercise, case, got, want), "Your results match", why)
-    if check.probe.judge is not None:
-        return check.probe.judge(probes.decode_case(enc), got)
-    if set(got) != set(want):
-        return f"it returned {', '.join(sorted(got)) or 'nothing'}, expected {', '.join(sorted(want))}"
-    case = probes.decode_case(enc) if check.probe.case_tolerance is not None else None
-    for key in want:
-        # an input after the call is always compared exactly: no test lets an answer change its inputs
-        values = aspect.mode == "values" or key.endswith(" after the call")
-        tolerance = check.probe.tolerance
-        if case is not None:
-            tolerance = {**tolerance, **(check.probe.case_tolerance(case, key) or {})}
-        reason = compare(got[key], want[key], key, tolerance, values=values)
-        if reason:
-            return reason
-    if aspect.also is not None:  # a property of the results
-        return aspect.also(probes.decode_case(enc), got, want)
-    return None
+    """Why the kernel's results ``got`` fail the aspect on this case (None: they pass): the declared
+    test's own judgement (``declared.judge``), with the declared mistakes it matches named. A test
+    cell that is none of the piece's declared tests (its locked one-line call names the piece it
+    tests) has nothing to judge here."""
+    if aspect.test is None or check.probe.declared is None:
+        return None
+    exercise, case = check.probe.declared, declared.plain_case(probes.decode_case(enc))
+    why = declared.judge(exercise, aspect.test, case, got, want, show=False)
+    return why and why + declared.named(declared.diagnose(exercise, case, got, want), "Your results match", why)
 
 
 # ---------------------------------------------------------------- verdicts into the notebook

@@ -42,22 +42,11 @@ REGISTRY: dict[str, "Probe"] = {}
 
 @dataclass(frozen=True)
 class Aspect:
-    """The part of a probe that one test cell grades.
-
-    ``tags``: the cases whose ``tags`` share one of these (None: every case).
-    ``mode``: "values" compares everything with the reference (type, dtype,
-    shape, requires_grad, NaN and infinities, values within the dtype's
-    tolerance); "structure" only type, dtype, shape and requires_grad (for a
-    test of shapes or of a property, where the reference's values do not matter).
-    ``also``: a function ``also(case, got, want) -> reason or None`` that judges
-    a property of the results after the comparison passed, such as
-    ``honest_gradients``. ``got`` and ``want`` are the encoded results
-    (``arrays`` turns them into NumPy arrays).
-    """
+    """The part of a probe that one test cell grades: the cases whose ``tags`` share one of ``tags``
+    (None: every case), judged by the declared ``Test`` (``declared.judge``; None: a cell that is
+    none of the piece's tests, which the re-check does not judge)."""
     tags: frozenset | None = None
-    mode: str = "values"
-    also: Callable | None = None
-    test: Any = None  # a declared exercise's ``Test``: judged by ``declared.judge`` instead
+    test: Any = None
 
 
 @dataclass(frozen=True)
@@ -67,11 +56,6 @@ class Probe:
     run: Callable[[Any, dict], dict]
     reference: Any = None
     forbidden: dict = field(default_factory=dict)
-    judge: Callable | None = None
-    tolerance: dict = field(default_factory=dict)  # dtype name -> (atol, rtol), overrides the default
-    # (case, result name) -> {dtype name: (atol, rtol)} or None: a tolerance that depends on
-    # the case's inputs (softmax: the rounding of x - logsumexp(x) grows with max|x|)
-    case_tolerance: Callable | None = None
     cells: dict = field(default_factory=dict)  # test cell grade_id -> Aspect
     needs: tuple = ()  # names of other notebook objects run(obj, case, namespace) looks up in namespace
     rebuild: Callable | None = None  # (namespace, state: name -> tensor) -> the object, from the kernel's state
@@ -123,8 +107,7 @@ def from_declaration(exercise, resolve: bool = True) -> Probe:
     and per test cell an aspect that ``declared.judge`` decides (``trusted.judge_case``).
     ``resolve=False``: without the reference (the runner's probe: the runner never computes an
     expected result, and holds no course implementation)."""
-    cells = {gid: Aspect(frozenset(t.tags), "values" if t.values else "structure", None, t)
-             for gid, t in {**exercise.elsewhere, **exercise.tests}.items()}
+    cells = {gid: Aspect(frozenset(t.tags), t) for gid, t in {**exercise.elsewhere, **exercise.tests}.items()}
     return Probe(exercise.piece, exercise.secret, exercise.adapter,
                  reference=exercise.reference_piece() if resolve else None,
                  forbidden=dict(exercise.forbidden), cells=cells, memory=exercise.memory, needs=tuple(exercise.needs),
