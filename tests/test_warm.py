@@ -332,7 +332,7 @@ async def _in_a_new_kernel(code: str) -> str:
 
 
 PREPARED = ("import sys; s = sys.modules.get('stack_data'); "
-            "print(s is not None and any(k[0].endswith('checks/_core.py') "
+            "print(s is not None and any(k[0].endswith('checks/_student.py') "
             "for k in s.Source.__dict__.get('__source_cache_with_lines', {})))")
 TRACEBACK = r'''
 import io, sys, contextlib, executing
