@@ -80,7 +80,7 @@ def add_local_work_box(app, doctree):
         _text("Open the notebook in Jupyter, fill in every cell marked ",
               nodes.literal(text="YOUR CODE HERE"), ", then restart the kernel and run all cells. "
               "Run All stops at the first failing cell."),
-        _text("To run every test at once, as the grader does: ",
+        _text("To run every test at once, as the grader does: run the notebook's last cell, or ",
               nodes.literal(text=f"python -m firstprinciples.grading.check {filename}"),
               ". The grader runs the same tests plus hidden ones, and re-checks each piece outside your notebook."),
     ):
