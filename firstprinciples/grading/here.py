@@ -81,6 +81,7 @@ def every_test(namespace: dict | None = None) -> int | None:
     try:
         path = notebook_path(namespace)
         with tempfile.TemporaryDirectory(prefix="fp-every-test-") as folder:
+            which = "the saved notebook: save it first"
             if path is None:
                 contents = _colab_notebook()
                 if contents is None:
@@ -88,8 +89,9 @@ def every_test(namespace: dict | None = None) -> int | None:
                     return None
                 path = Path(folder) / "this_notebook.ipynb"
                 path.write_text(json.dumps(contents))
+                which = "the notebook as it is now"
             print(f"Running every test of {path.name} from the top, in a fresh kernel, as the grader does "
-                  "(the saved notebook: save it first)...", flush=True)
+                  f"({which})...", flush=True)
             done = subprocess.run([sys.executable, "-m", "firstprinciples.grading.check", str(path)],
                                   capture_output=True, text=True, timeout=TIMEOUT, cwd=path.parent)
         lines = done.stdout.splitlines()
