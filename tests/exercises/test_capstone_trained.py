@@ -73,8 +73,28 @@ class NoMaskGPT(StudentGPT):
         return self.head(self.ln_f(x)), attentions
 
 
-class OtherBlock(TransformerBlock):
-    """A correct block of a class other than the notebook's TransformerBlock."""
+class OtherBlock(nn.Module):
+    """A correct block of a class other than the notebook's TransformerBlock (it wraps one)."""
+
+    def __init__(self, d_model, n_heads, dropout=0.0):
+        super().__init__()
+        self.inner = TransformerBlock(d_model, n_heads, dropout)
+
+    def forward(self, x, mask=None):
+        return self.inner(x, mask)
+
+
+class SubBlock(TransformerBlock):
+    """The notebook's TransformerBlock with a method of its own: a block built on the notebook's class."""
+
+    def describe(self):
+        return "a pre-LN block"
+
+
+class SubBlocksGPT(StudentGPT):
+    def __init__(self, vocab_size, d_model=64, n_heads=4, n_layers=2, max_len=32):
+        super().__init__(vocab_size, d_model, n_heads, n_layers, max_len)
+        self.blocks = nn.ModuleList(SubBlock(d_model, n_heads, dropout=0.0) for _ in range(n_layers))
 
 
 class OtherBlocksGPT(StudentGPT):
@@ -92,18 +112,24 @@ def trained(kind, ns):
     parameters are trained once per kind and loaded into a model of this namespace's class."""
     exec(NO_MASK, ns)
     V = len(the_corpus().vocab.tokens)
-    cls = {"leaks the future": ns["NoMaskGPT"], "blocks of another class": ns["OtherBlocksGPT"]}.get(kind, ns["StudentGPT"])
+    cls = {"leaks the future": ns["NoMaskGPT"], "blocks of another class": ns["OtherBlocksGPT"],
+           "blocks of a subclass": ns["SubBlocksGPT"]}.get(kind, ns["StudentGPT"])
     if kind == "the reference TinyGPT":
         from firstprinciples.capstone import load_trained
 
         return load_trained()[0]
     torch.manual_seed(0)
     model = cls(V + 3 if kind == "wrong vocabulary size" else V)
-    steps = {"correct": 300, "20 steps": 20, "leaks the future": 100, "blocks of another class": 300}.get(kind)
+    # (the subclass's blocks hold the same parameters: it gets the correct model's, trained from the same
+    # start; another start can end below the 90% threshold: the closing note of 2026-12-07 says so)
+    trained_as = "correct" if kind == "blocks of a subclass" else kind
+    steps = {"correct": 300, "20 steps": 20, "leaks the future": 100, "blocks of another class": 300}.get(trained_as)
     if steps:
-        if kind not in _TRAINED:
+        if trained_as != kind:
+            trained(trained_as, ns)  # (trains it once, kept below)
+        elif kind not in _TRAINED:
             _TRAINED[kind] = train(the_corpus(), dict(steps=steps, eval_every=steps), seed=0, model=model)[0].state_dict()
-        model.load_state_dict(_TRAINED[kind])
+        model.load_state_dict(_TRAINED[trained_as])
     if kind == "zero head":
         with torch.no_grad():
             model.head.weight.zero_()
@@ -170,7 +196,10 @@ VARIANTS = {
     "leaks the future": ("leaks the future", None, MODEL_ONLY, MODEL_ONLY),
     "zero head": ("zero head", None, MODEL_ONLY, MODEL_ONLY),
     "wrong vocabulary size": ("wrong vocabulary size", None, MODEL_ONLY, MODEL_ONLY),
-    "blocks of another class": ("blocks of another class", None, MODEL_ONLY, MODEL_ONLY),
+    # (its blocks wrap the notebook's: the kernel's decoding of it fails too, the re-check judges the decoder alone)
+    "blocks of another class": ("blocks of another class", None, T_ALL, MODEL_ONLY),
+    # (an honest model: blocks of a class built on the notebook's TransformerBlock, as the old check took them)
+    "blocks of a subclass": ("blocks of a subclass", None, set(), set()),
     # the course's model: its forward calls the course's blocks (forbidden) in both runners; the kernel's
     # decoding of it does too, while the re-check judges the decoder on random models of the notebook's class
     "the reference TinyGPT": ("the reference TinyGPT", None, T_ALL, MODEL_ONLY),
