@@ -331,6 +331,8 @@ def test_every_turn_is_given_once_among_forked_workers(tmp_path, monkeypatch):
     monkeypatch.setattr(parallel, "socket_folder", lambda: str(tmp_path))
     turns = parallel.Turns(3000)
     start, go = os.pipe()  # the workers start together: when the write end closes
+    ready, told = os.pipe()  # each says it holds its first turn ...
+    again, resume = os.pipe()  # ... and takes the rest when all three do (however busy the machine)
     pids = []
     for w in range(3):
         pid = os.fork()
@@ -338,19 +340,29 @@ def test_every_turn_is_given_once_among_forked_workers(tmp_path, monkeypatch):
             code = 1
             try:
                 os.close(go)
+                os.close(resume)
                 os.read(start, 1)
                 with open(tmp_path / f"taken-{w}", "w") as f:
-                    for turn in turns:
+                    mine = iter(turns)
+                    f.write(f"{next(mine)}\n")
+                    os.write(told, b"x")
+                    os.read(again, 1)
+                    for turn in mine:
                         f.write(f"{turn}\n")
                 code = 0
             finally:
                 os._exit(code)
         pids.append(pid)
     os.close(go)
+    os.close(told)
+    held = b""
+    while len(held) < 3 and (byte := os.read(ready, 1)):
+        held += byte
+    os.close(resume)
     assert all(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 for pid in pids)
     taken = [[int(x) for x in (tmp_path / f"taken-{w}").read_text().split()] for w in range(3)]
     assert sorted(sum(taken, [])) == list(range(3000))
-    assert all(taken), "a worker got no turn"  # (all three ran at once)
+    assert held == b"xxx" and all(taken), "a worker got no turn"  # (so all three ran at once)
     assert list(turns) == []  # (all taken)
     turns.close()
     assert not list(tmp_path.glob("turns-*"))
