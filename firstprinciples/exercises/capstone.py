@@ -775,9 +775,13 @@ def generate_secret(rng: np.random.Generator) -> list:
 # Training thresholds (measured on the course's corpus, seed 0; tests/exercises/test_capstone.py): the
 # held-out cross-entropy of the unigram guess is 3.26 nats per token, of the bigram guess (the previous
 # word only) 1.24; the corpus's own randomness (which nouns, adjective, template and verb) leaves at least
-# about 0.47; the reference model reaches 0.61 after the exercise's 300 steps. LOSS_THRESHOLD = 0.8 is well
+# about 0.47; the reference model reaches 0.60 after the exercise's 400 steps. LOSS_THRESHOLD = 0.8 is well
 # below the bigram guess, and a held-out loss below LEAK_THRESHOLD = 0.35 is impossible without seeing the
 # next token (a missing causal mask). Always naming the first noun resolves "it" about half of the time.
+# The budget is 400 steps because 300 were not enough from every start: over 9 initialisations (the model's
+# parameters drawn in another order, as a student's class may), 300 steps resolved "it" in 77-79% for 2 of
+# them, so an honest model failed ACCURACY_THRESHOLD; after 400 steps all 11 measured starts resolve at least
+# 99.25% (held-out loss 0.597-0.607); tests/exercises/test_capstone_trained.py trains two of those starts.
 TRAINED_TEST, RESOLVES_TEST = "test_trained", "test_resolves_it"
 LOSS_THRESHOLD = 0.8
 LEAK_THRESHOLD = 0.35

@@ -30,7 +30,7 @@ from firstprinciples.grading.runtime import report
 NOTEBOOK = SOLUTIONS / "capstone" / "capstone.ipynb"
 TRAINED_CELLS = (D.TRAINED_TEST, D.RESOLVES_TEST, D.GENERATE_TRAINED)
 MODEL_CELLS = ("test_model_structure", "test_model_forward", "test_model_causal", "test_generate_cached")
-BUDGET = dict(steps=300, eval_every=300)  # the exercise's budget
+BUDGET = dict(steps=400, eval_every=400)  # the exercise's budget
 check = declared.check_for("capstone")
 
 
@@ -120,10 +120,10 @@ def trained(kind, ns):
         return load_trained()[0]
     torch.manual_seed(0)
     model = cls(V + 3 if kind == "wrong vocabulary size" else V)
-    # (the subclass's blocks hold the same parameters: it gets the correct model's, trained from the same
-    # start; another start can end below the 90% threshold: the closing note of 2026-12-07 says so)
-    trained_as = "correct" if kind == "blocks of a subclass" else kind
-    steps = {"correct": 300, "20 steps": 20, "leaks the future": 100, "blocks of another class": 300}.get(trained_as)
+    # (the subclass's blocks are drawn after the notebook's own: another start, trained as a student's is)
+    trained_as = kind
+    steps = {"correct": 400, "20 steps": 20, "leaks the future": 100, "blocks of another class": 400,
+             "blocks of a subclass": 400}.get(trained_as)
     if steps:
         if trained_as != kind:
             trained(trained_as, ns)  # (trains it once, kept below)
@@ -429,3 +429,17 @@ def test_seed_pasted_into_the_notebook_gets_every_point(tmp_path):
     nbformat.write(nb, path)
     results = Validator(ignore_checksums=True).validate(str(path))
     assert not results.get("failed"), "\n\n".join(f["raw_error"][-2000:] for f in results["failed"])
+
+
+@pytest.mark.parametrize("start", [1004, 1008])
+def test_an_honest_model_passes_from_starts_where_300_steps_did_not(start):
+    """The budget holds for a correct model whatever order its class draws its parameters in: from these
+    two starts, 300 steps resolved "it" in 79% and 77% (below the 90% threshold); 400 steps must pass both
+    trained tests with room to spare."""
+    ns = solution_namespace()
+    torch.manual_seed(start)
+    model = ns["StudentGPT"](D.VOCAB_SIZE)
+    model, _ = train(the_corpus(), BUDGET, seed=0, model=model)
+    corpus = the_corpus()
+    assert accuracy(model, corpus.held_out) >= D.ACCURACY_THRESHOLD + 0.05
+    assert D.LEAK_THRESHOLD < held_out_loss(model, corpus.held_out, corpus.vocab.pad) < D.LOSS_THRESHOLD - 0.1
