@@ -2,7 +2,7 @@
 
 - ``data``: the training sequences (a block of distinct random tokens repeated once, at a
   random offset) and the evaluation sequences (``period`` tokens repeated twice);
-- ``model``: ``AttentionOnly``, built from the reference ``MultiHeadAttention``, and
+- ``model``: ``AttentionOnly``, built from the given ``MultiHeadAttention`` (``firstprinciples.given``), and
   ``load_trained`` for the stored weights;
 - ``train``: the seeded training loop, the split losses and the head scores
   (``python -m firstprinciples.induction.train`` rewrites ``weights.pt``).
@@ -14,7 +14,7 @@ _MODEL = ("AttentionOnly", "load_checkpoint", "load_trained")
 
 def __getattr__(name):
     """The model's names, imported at their first use: the data alone (what the induction_heads
-    exercise's tests read) needs no course implementation, the model is built on the reference's."""
+    exercise's tests read) needs no model at all."""
     if name in _MODEL:
         from . import model
 
