@@ -14,6 +14,7 @@ today (a declaration or the reference changed without the file).
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -22,6 +23,20 @@ FOLDER = Path(__file__).resolve().parent / "expected"
 
 def path(assignment: str) -> Path:
     return FOLDER / f"{assignment}.json"
+
+
+@functools.lru_cache(maxsize=None)
+def mistakes(assignment: str) -> dict | None:
+    """The declared mistakes' results on the visible cases, stored in a student bundle only
+    (``firstprinciples.bundle``: piece -> case label -> mistake label -> encoded results), where the
+    mistakes' code is not; None in the course (the kernel runs the mistakes there)."""
+    import gzip
+
+    try:
+        with gzip.open(FOLDER / f"{assignment}.mistakes.json.gz", "rt") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
 
 
 def stored(assignment: str) -> dict | None:

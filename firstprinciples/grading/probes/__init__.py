@@ -26,6 +26,7 @@ uses it:
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -107,11 +108,34 @@ def from_declaration(exercise, resolve: bool = True) -> Probe:
     and per test cell an aspect that ``declared.judge`` decides (``trusted.judge_case``).
     ``resolve=False``: without the reference (the runner's probe: the runner never computes an
     expected result, and holds no course implementation)."""
+    import firstprinciples
+
     cells = {gid: Aspect(frozenset(t.tags), t) for gid, t in {**exercise.elsewhere, **exercise.tests}.items()}
-    return Probe(exercise.piece, exercise.secret, exercise.adapter,
-                 reference=exercise.reference_piece() if resolve else None,
+    cases, reference = exercise.secret, exercise.reference_piece() if resolve and not firstprinciples.BUNDLED else None
+    if firstprinciples.BUNDLED:  # a student bundle: no secret cases and no reference, the visible cases' stored results
+        cases = functools.partial(_bundled_cases, exercise)
+    return Probe(exercise.piece, cases, exercise.adapter,
+                 reference=reference,
                  forbidden=dict(exercise.forbidden), cells=cells, memory=exercise.memory, needs=tuple(exercise.needs),
                  rebuild=exercise.rebuild, rebuilt_from=tuple(exercise.rebuilt_from), declared=exercise)
+
+
+def _bundled_cases(exercise, rng=None) -> list:
+    """A student bundle's re-check cases: the visible ones whose results are stored (every one, for a
+    piece without a reference), each once."""
+    from .. import declared
+
+    pool = exercise.visible() if callable(exercise.visible) else exercise.visible
+    if not exercise.reference:
+        return list(pool)
+    stored = declared.stored_by_label(exercise)
+    seen: set = set()
+    out = []
+    for case in pool:
+        if case["label"] in stored and case["label"] not in seen:
+            seen.add(case["label"])
+            out.append(case)
+    return out
 
 
 # ---------------------------------------------------------------- cases on the wire
