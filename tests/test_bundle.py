@@ -1,16 +1,14 @@
 """The student bundle (``firstprinciples.bundle``): no answer in it, and it works alone.
 
-Built once into a temporary folder, then installed with pip into a fresh virtualenv whose only
-other packages are the course's dependencies (a ``.pth`` line to this environment's site-packages:
-this machine has no network, and the course's own editable install, whose finder would serve the
-left-out modules, is not activated by such a line). Every check runs in that virtualenv.
+Built once into a temporary folder, then installed into a fresh virtualenv (``venv``: by the
+students' own command where the student install's wheel cache is, as under CI) where every check
+runs. Not this environment: the course's editable install would serve the left-out modules.
 """
 from __future__ import annotations
 
 import ast
 import json
 import os
-import site
 import subprocess
 import sys
 import sysconfig
@@ -22,6 +20,7 @@ import pytest
 from course import ROOT, SOLUTIONS
 from firstprinciples import bundle, exercises
 
+WHEELS = Path(os.environ.get("FP_STUDENT_WHEELS", ROOT / ".student-wheels"))  # (test_student_install.py's)
 REFERENCE_CODE = [ROOT / "firstprinciples" / "reference", ROOT / "firstprinciples" / "capstone" / "model.py",
                   ROOT / "firstprinciples" / "lengths"]
 
@@ -87,10 +86,22 @@ def built(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def venv(built, tmp_path_factory):
-    """A fresh virtualenv with the bundle pip-installed (the course's dependencies from this one)."""
+    """A fresh virtualenv with the bundle installed. Where the student install's wheel cache is
+    (``tests/test_student_install.py``; CI fetches it), by the students' own command run in the bundle,
+    ``pip install -r requirements-student.txt``, offline from that cache; elsewhere the bundle is
+    pip-installed alone and the course's dependencies come from this environment (a ``.pth`` line)."""
     where = tmp_path_factory.mktemp("venv") / "env"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
     python = where / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    if WHEELS.is_dir() and any(WHEELS.glob("torch-*.whl")):
+        subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
+        proc = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(WHEELS),
+                               "-r", "requirements-student.txt"], cwd=built, env=env, capture_output=True, text=True,
+                              timeout=900)
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+        return python
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
     ours = sysconfig.get_paths()["purelib"]
