@@ -234,6 +234,17 @@ def plain(value):
     return value
 
 
+def causal_mask_array(T: int, dtype: str = "float64") -> np.ndarray:
+    """The additive causal mask (T, T) as a NumPy array, for building cases: 0 on and below the
+    diagonal, -inf above. PyTorch's own (``firstprinciples.given``), not an answer of the causal-mask
+    exercise written out here (the student bundle keeps what builds the visible cases)."""
+    import torch
+
+    from ..given import causal_mask
+
+    return causal_mask(T, torch.float64).numpy().astype(dtype)
+
+
 def rounding_slack(x: np.ndarray) -> float:
     """One unit of x's dtype times max|x| over its finite entries (0 for none): how far a correct
     answer that forms a difference of two numbers of size max|x| may round (softmax via logsumexp)."""

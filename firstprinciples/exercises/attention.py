@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .. import examples
-from . import Exercise, Mistake, Test, case
+from . import Exercise, Mistake, Test, case, causal_mask_array
 from .adapters import grad_case, honest_gradients, runner
 
 # ---------------------------------------------------------------- typical mistakes
@@ -245,10 +245,6 @@ def _case(tags, inputs, extra="", grads=False, rng=None):
     return grad_case(rng, c, NAMES) if grads else c
 
 
-def _causal(T, dtype):
-    return np.triu(np.full((T, T), -np.inf), k=1).astype(dtype)
-
-
 def _worked(all_queries=False):
     return dict(zip(NAMES, (m.numpy() for m in examples.cat_sat_mat(torch.float64, all_queries=all_queries))))
 
@@ -266,7 +262,7 @@ def _visible() -> tuple:
     return (
         case(worked, ("worked", "printed"), **_worked()),
         *(_case("shapes", _qkv(g, *sizes, dtype)) for dtype in ("float32", "float64") for sizes in BATCHED),
-        case(causal, ("mask", "causal worked"), **_worked(all_queries=True), mask=_causal(3, "float64")),
+        case(causal, ("mask", "causal worked"), **_worked(all_queries=True), mask=causal_mask_array(3, "float64")),
         _case("random", _qkv(g, (2,), 4, 6, 8, 5, "float32")),
         _case("grads", _qkv(g, (2,), 4, 4, 3, 2, "float64"), grads=True, rng=g),
     )
@@ -286,7 +282,7 @@ def _recap_visible() -> tuple:
     where = "for Q, K, V of shape (B=2, H=2, T=3, d=2), float64 (entry [0, 0] is the worked example)"
     inputs = worked_example_in_a_batch()
     return (case(where, "recap", **inputs),
-            case(where + " with the causal mask of shape (3, 3)", "recap", **inputs, mask=_causal(3, "float64")))
+            case(where + " with the causal mask of shape (3, 3)", "recap", **inputs, mask=causal_mask_array(3, "float64")))
 
 
 def _sizes(rng, n_lead):
@@ -297,7 +293,7 @@ def _mask_cases(rng, dtype):
     cases = []
     lead, T = (2, 3), 6
     qkv = _qkv(rng, lead, T, T, 8, 8, dtype)
-    cases.append(_case("mask", {**qkv, "mask": _causal(T, dtype)}, ", a causal mask"))
+    cases.append(_case("mask", {**qkv, "mask": causal_mask_array(T, dtype)}, ", a causal mask"))
     pad = np.zeros((2, 1, 1, T), dtype)  # the last keys of one sequence hidden from every query
     pad[int(rng.integers(0, 2)), ..., int(rng.integers(2, T)):] = -np.inf
     cases.append(_case("mask", {**qkv, "mask": pad}, ", a padding mask"))
@@ -328,10 +324,10 @@ def secret(rng: np.random.Generator) -> list:
             cases.append(_case("random", _qkv(rng, *sizes, dtype, scale), f", entries of scale {scale:g}"))
         cases += _mask_cases(rng, dtype)
     worked = _qkv(rng, (), 3, 3, 2, 2, "float64")
-    cases.append(_case("mask", {**worked, "mask": _causal(3, "float64")}, ", a causal mask"))
+    cases.append(_case("mask", {**worked, "mask": causal_mask_array(3, "float64")}, ", a causal mask"))
     # (a finite bias, not a padding mask: a key hidden from every query makes a softmax over the
     # wrong axis NaN, and this test judges gradients, not values)
-    for mask in (None, _causal(4, "float64"), _normal(rng, (2, 1, 4), "float64")):
+    for mask in (None, causal_mask_array(4, "float64"), _normal(rng, (2, 1, 4), "float64")):
         qkv = _qkv(rng, (2,), 4, 4, 3, 2, "float64")
         cases.append(_case("grads", qkv if mask is None else {**qkv, "mask": mask}, grads=True, rng=rng))
     cases.append(_case("grads", _qkv(rng, *_sizes(rng, 2), "float64"), grads=True, rng=rng))

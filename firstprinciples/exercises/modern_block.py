@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..examples.modern_block import WORKED_X, gqa_parameter_count
-from . import Exercise, Mistake, Test, case
+from . import Exercise, Mistake, Test, case, causal_mask_array
 from .adapters import vector_jacobian
 from .attention import output_order
 
@@ -634,10 +634,6 @@ def _gqa_case(rng, tag, B, T, d, H, H_kv, dtype, mask=None, what=""):
     return case(f"for x of shape {(B, T, d)}, n_heads={H}, n_kv_heads={H_kv}, {dtype}{what}", tag, **inputs)
 
 
-def _causal(T):
-    return np.triu(np.full((T, T), -np.inf), k=1)
-
-
 GQA_SIZES = ((16, 4, 2), (16, 4, 1), (16, 4, 4), (24, 6, 3), (32, 8, 2), (128, 8, 2))
 GQA_SHAPES = (  # (B, T, d_model, n_heads, n_kv_heads)
     (2, 5, 16, 4, 2),
@@ -654,7 +650,7 @@ def _gqa_visible() -> tuple:
     g = np.random.default_rng(321)
     return (*(_structure_case("GroupedQueryAttention", g, s, s[0]) for s in GQA_SIZES),
             _gqa_case(g, "values", 2, 5, 16, 4, 2, "float64"),
-            _gqa_case(g, "mask", 2, 5, 16, 4, 2, "float64", _causal(5), ", causal mask"))
+            _gqa_case(g, "mask", 2, 5, 16, 4, 2, "float64", causal_mask_array(5), ", causal mask"))
 
 
 def gqa_secret(rng: np.random.Generator) -> list:
@@ -672,10 +668,10 @@ def gqa_secret(rng: np.random.Generator) -> list:
         c = _gqa_case(rng, "values", *shape, dtype, what=", with the gradients")
         c["grad_out"] = _normal(rng, shape[:3], dtype)
         cases.append(c)
-    cases.append(_gqa_case(rng, "mask", 2, 5, 16, 4, 2, "float64", _causal(5), ", causal mask"))
+    cases.append(_gqa_case(rng, "mask", 2, 5, 16, 4, 2, "float64", causal_mask_array(5), ", causal mask"))
     for dtype in ("float32", "float64"):
         for B, T, d, H, H_kv in (GQA_SHAPES[2], GQA_SHAPES[3], GQA_SHAPES[6]):
-            cases.append(_gqa_case(rng, "mask", B, T, d, H, H_kv, dtype, _causal(T), ", causal mask"))
+            cases.append(_gqa_case(rng, "mask", B, T, d, H, H_kv, dtype, causal_mask_array(T), ", causal mask"))
         cases.append(_gqa_case(rng, "mask", 2, 6, 16, 4, 2, dtype, _normal(rng, (6, 6)), ", an additive (6, 6) bias"))
         pad = np.zeros((2, 1, 1, 6))
         pad[int(rng.integers(0, 2)), ..., int(rng.integers(2, 6)):] = -np.inf  # never a whole row

@@ -60,7 +60,7 @@ import torch
 from torch import nn
 
 from ..examples.multihead import EXAMPLE_HEADS, split_example
-from . import Exercise, Mistake, Test, attention, case, recap
+from . import Exercise, Mistake, Test, attention, case, causal_mask_array, recap
 from .adapters import _weighted, FD_STEP, call_runner, grad_case, honest_gradients
 
 NAME = "multi_head_attention"
@@ -676,10 +676,6 @@ def _weights(rng, d, dtype):
     return {n: _normal(rng, (d, d), dtype, 1 / math.sqrt(d)) for n in PARAMS}
 
 
-def _causal(T, dtype):
-    return np.triu(np.full((T, T), -np.inf), k=1).astype(dtype)
-
-
 def _mha_case(rng, tags, B, T, d, H, dtype, mask=None, what="", grads=False):
     label = f"for x of shape {(B, T, d)}, n_heads={H}, {dtype}{what}" + (", with the gradients" if grads else "")
     c = case(label, tags, x=_normal(rng, (B, T, d), dtype), n_heads=H, **_weights(rng, d, dtype))
@@ -703,7 +699,7 @@ def _mha_visible() -> tuple:
     return (
         *structure,
         _mha_case(np.random.default_rng(101), "reference", 2, 5, 8, 2, "float64"),
-        _mha_case(np.random.default_rng(103), ("mask", "causal"), 2, 5, 8, 2, "float64", _causal(5, "float64"),
+        _mha_case(np.random.default_rng(103), ("mask", "causal"), 2, 5, 8, 2, "float64", causal_mask_array(5, "float64"),
                   ", causal mask"),
         _mha_case(np.random.default_rng(109), "grads", 2, 3, 4, 2, "float64", grads=True),
     )
@@ -726,15 +722,15 @@ def mha_secret(rng: np.random.Generator) -> list:
     for dtype in ("float32", "float64"):
         cases += [_mha_case(rng, "reference", *s, dtype) for s in (*MHA_SHAPES, drawn)]
         for B, T, d, H in MHA_SHAPES[2:5]:
-            cases.append(_mha_case(rng, ("mask", "causal"), B, T, d, H, dtype, _causal(T, dtype), ", causal mask"))
+            cases.append(_mha_case(rng, ("mask", "causal"), B, T, d, H, dtype, causal_mask_array(T, dtype), ", causal mask"))
         bias = _normal(rng, (6, 6), dtype)
         cases.append(_mha_case(rng, "mask", 2, 6, 16, 4, dtype, bias, ", an additive (6, 6) bias"))
         pad = np.zeros((2, 1, 1, 6))  # the last keys of one sequence hidden from every query of every head
         pad[int(rng.integers(0, 2)), ..., int(rng.integers(2, 6)):] = -np.inf
         cases.append(_mha_case(rng, "mask", 2, 6, 16, 4, dtype, pad, ", a (2, 1, 1, 6) padding mask"))
-    cases.append(_mha_case(rng, ("mask", "causal"), 2, 5, 8, 2, "float64", _causal(5, "float64"), ", causal mask"))
+    cases.append(_mha_case(rng, ("mask", "causal"), 2, 5, 8, 2, "float64", causal_mask_array(5, "float64"), ", causal mask"))
     cases.append(_mha_case(rng, "grads", 2, 3, 4, 2, "float64", grads=True))
-    cases.append(_mha_case(rng, "grads", 2, 3, 4, 2, "float64", _causal(3, "float64"), ", causal mask", grads=True))
+    cases.append(_mha_case(rng, "grads", 2, 3, 4, 2, "float64", causal_mask_array(3, "float64"), ", causal mask", grads=True))
     pad = np.zeros((2, 1, 1, 4))
     pad[1, ..., 3:] = -np.inf
     cases.append(_mha_case(rng, "grads", 2, 4, 6, 3, "float64", pad, ", a padding mask", grads=True))

@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import Exercise, Mistake, Test, attention, case, multi_head_attention as mha, recap
+from . import Exercise, Mistake, Test, attention, case, causal_mask_array, multi_head_attention as mha, recap
 from .adapters import _weighted, FD_STEP, grad_case, honest_gradients
 from .multi_head_attention import build, describe_layer, output_order, weights_left_alone
 
@@ -705,10 +705,6 @@ def _block_weights(rng, d, dtype):
     return {n: w[n] for n in BLOCK_PARAMS}
 
 
-def _causal(T, dtype):
-    return np.triu(np.full((T, T), -np.inf), k=1).astype(dtype)
-
-
 def _sinusoidal(T, d):
     pos = np.arange(T)[:, None]
     angle = pos / 10000.0 ** (np.arange(0, d, 2)[None, :] / d)
@@ -771,7 +767,7 @@ def _sanity_case(rng):
     positions added, a causal mask, float32."""
     B, T, d, H = 2, SEED_T, SEED_D_MODEL, SEED_N_HEADS
     x = (rng.standard_normal((B, T, d)) + _sinusoidal(T, d)).astype("float32")
-    return _block_case(rng, "causal", B, T, d, H, "float32", _causal(T, "float32"),
+    return _block_case(rng, "causal", B, T, d, H, "float32", causal_mask_array(T, "float32"),
                        ", causal mask (the seed's sanity check)", x=x)
 
 
@@ -811,11 +807,11 @@ def block_secret(rng: np.random.Generator) -> list:
         for B, T, d, H in BLOCK_SHAPES:
             tags = ("reference", "small") if (B, T, d, H) == BLOCK_SHAPES[0] else "reference"
             cases.append(_block_case(rng, tags, B, T, d, H, dtype))
-            cases.append(_block_case(rng, "reference", B, T, d, H, dtype, _causal(T, dtype), ", causal mask"))
+            cases.append(_block_case(rng, "reference", B, T, d, H, dtype, causal_mask_array(T, dtype), ", causal mask"))
     cases.append(_sanity_case(rng))
     cases += [_dropout_case(rng, p) for p in (DROPOUT_P, 0.25)]
     cases.append(_block_case(rng, "grads", 2, 3, 8, 2, "float64", grads=True))
-    cases.append(_block_case(rng, "grads", 2, 3, 8, 2, "float64", _causal(3, "float64"), ", causal mask", grads=True))
+    cases.append(_block_case(rng, "grads", 2, 3, 8, 2, "float64", causal_mask_array(3, "float64"), ", causal mask", grads=True))
     cases.append(_block_case(rng, "grads", 2, 4, 8, 4, "float32", grads=True))
     return cases
 
