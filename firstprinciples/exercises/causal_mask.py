@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.modules.transformer as _transformer
 
+from .. import given
 from . import Exercise, Mistake, Test, case
 
 # The source's mask for a sequence of 4 tokens, row by row (query t sees keys 0..t).
@@ -74,11 +75,12 @@ def watch_torch_mask():
 
 
 def _attend(x, W, mask):
-    """Self-attention of the tokens x (B, T, d) with an additive mask: (output (B, T, d), weights (B, T, T))."""
-    Q, K, V = x @ W[0], x @ W[1], x @ W[2]  # (B, T, d) each
-    scores = Q @ K.transpose(-2, -1) / Q.shape[-1] ** 0.5 + mask  # (B, T, T)
-    weights = torch.softmax(scores, dim=-1)
-    return weights @ V, weights
+    """Self-attention of the tokens x (B, T, d) with an additive mask: (output (B, T, d), weights (B, T, T)),
+    PyTorch's own attention (``given.attention``: the attention exercise's answer is not written here)."""
+    promoted = torch.promote_types(x.dtype, mask.dtype)
+    if promoted != x.dtype:  # (added to the scores, the mask makes them promoted; the product with V then fails)
+        raise RuntimeError(f"expected both operands to have the same dtype, but got {promoted} != {x.dtype}")
+    return given.attention(x @ W[0], x @ W[1], x @ W[2], mask)
 
 
 def adapter(fn, case):

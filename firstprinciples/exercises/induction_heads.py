@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import given
 from ..induction.data import worked_example
 from . import Exercise, Mistake, Test, case
 from .adapters import call_runner
@@ -153,10 +154,8 @@ def printed_score(case, out, want):
 
 def causal_weights(rng, lead, T, dtype="float32", scale=2.0):
     """(*lead, T, T): a softmax of random scores under the causal mask, drawn from ``rng``."""
-    scores = rng.standard_normal((*lead, T, T)) * scale
-    scores[..., np.triu(np.ones((T, T), dtype=bool), 1)] = -np.inf
-    e = np.exp(scores - scores.max(-1, keepdims=True))
-    return (e / e.sum(-1, keepdims=True)).astype(dtype)
+    scores = torch.from_numpy(rng.standard_normal((*lead, T, T)) * scale) + given.causal_mask(T, torch.float64)
+    return torch.softmax(scores, dim=-1).numpy().astype(dtype)  # (PyTorch's softmax: no answer written here)
 
 
 def known_heads(period, dtype="float32"):

@@ -209,14 +209,13 @@ def worked_merge(case, out, want):
 
 
 def merge_adapter(piece, case):
-    """As ``call_runner``; for a case with ``split_into`` the input is the split of x as a transposed
-    (non-contiguous) view, as ``merge_heads(split_heads(x, n))`` hands it over."""
-    if "split_into" not in case:
+    """As ``call_runner``; for a case marked ``transposed``, x (B, T, n_heads, d_k) holds each token's heads
+    and the input is its transposed (non-contiguous) view (B, n_heads, T, d_k), as ``split_heads`` hands
+    heads over."""
+    if "transposed" not in case:
         return _merge_run(piece, case)
     x = case["x"].clone()
-    B, T, d = x.shape
-    heads = x.reshape(B, T, case["split_into"], d // case["split_into"]).transpose(1, 2)
-    return {"output": piece(heads), "x after the call": x}
+    return {"output": piece(x.transpose(1, 2)), "x after the call": x}
 
 
 _merge_run = call_runner(("x",), grad=("x",))
@@ -264,7 +263,7 @@ def split_secret(rng: np.random.Generator) -> list:
 def _merge_visible() -> tuple:
     g = np.random.default_rng(37)
     x = split_example(torch.float64).numpy()  # (1, 2, 6)
-    worked = x.reshape(1, 2, EXAMPLE_HEADS, 2).transpose(0, 2, 1, 3).copy()  # its three heads, (1, 3, 2, 2)
+    worked = np.array([[[[0, 1], [6, 7]], [[2, 3], [8, 9]], [[4, 5], [10, 11]]]], dtype=x.dtype)  # its 3 heads
     return (
         case("for the worked example's three heads [[[0, 1], [6, 7]], [[2, 3], [8, 9]], [[4, 5], [10, 11]]] (it "
              "should give back torch.arange(12.).reshape(1, 2, 6))", ("merge", "small", "printed"), x=worked),
@@ -285,8 +284,10 @@ def merge_secret(rng: np.random.Generator) -> list:
     for dtype in ("float32", "float64"):
         cases += [case(f"for heads of shape {s}, {dtype}", "merge", x=_normal(rng, s, dtype)) for s in sizes]
     for (B, T, d, H), dtype in (((2, 5, 12, 3), "float64"), ((3, 2, 8, 2), "float32")):
-        cases.append(case(f"for merge_heads(split_heads(x, {H})), x of shape {(B, T, d)}, {dtype} (a transposed view: "
-                          "it should give back x)", "merge", x=_normal(rng, (B, T, d), dtype), split_into=H))
+        cases.append(case(f"for heads given as a transposed view (B, n_heads, T, d_k) of x of shape "
+                          f"{(B, T, H, d // H)}, {dtype}, as split_heads hands them over (it should give back x "
+                          "with its last two axes as one)", "merge", x=_normal(rng, (B, T, H, d // H), dtype),
+                          transposed=True))
     for (B, H, T, d_k), dtype in (((2, 4, 3, 2), "float64"), ((1, 2, 5, 3), "float32")):
         cases.append(case(f"for heads of shape {(B, H, T, d_k)}, {dtype}, with the gradient", "merge",
                           x=_normal(rng, (B, H, T, d_k), dtype), grad_out=_normal(rng, (B, T, H * d_k), dtype)))
