@@ -302,6 +302,12 @@ def test_the_given_layers_are_refused_as_answers():
     with pytest.raises(AssertionError, match="multi_head_attention"):
         check_for("multi_head_attention")("test_mha_against_reference", MultiHeadAttention)
 
+    def scaled_dot_product_attention(Q, K, V, mask=None):
+        return given.attention(Q, K, V, mask)
+
+    with pytest.raises(AssertionError, match="multi_head_attention"):
+        check_for("attention")("test_worked_example", scaled_dot_product_attention)
+
     def causal_mask(T, dtype=torch.float32):
         return given.causal_mask(T, dtype)
 
@@ -329,3 +335,25 @@ def test_the_given_layer_is_the_references_layer(dtype, tol):
         torch.testing.assert_close(o2, o1, atol=tol, rtol=tol)
         torch.testing.assert_close(w2, w1, atol=tol, rtol=tol)
     assert torch.equal(given.causal_mask(7, dtype), reference.causal_mask(7, dtype))
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-6), ("float64", 1e-14)])
+def test_given_attention_is_the_references_attention(dtype, tol):
+    """``given.attention`` (what some checks apply a student's mask or bias in) gives the reference's output
+    and weights for 3-D and 4-D inputs, with no mask and with an additive mask that hides keys."""
+    import torch
+
+    from firstprinciples import given, reference
+
+    dtype = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(1)
+    for lead in ((2,), (2, 3)):
+        Q = torch.randn(*lead, 4, 5, generator=gen, dtype=dtype)
+        K, V = (torch.randn(*lead, 6, 5, generator=gen, dtype=dtype) for _ in range(2))
+        mask = torch.randn(4, 6, generator=gen, dtype=dtype)
+        mask[0, 3:] = float("-inf")
+        for m in (None, mask):
+            (o1, w1), (o2, w2) = reference.scaled_dot_product_attention(Q, K, V, m), given.attention(Q, K, V, m)
+            torch.testing.assert_close(o2, o1, atol=tol, rtol=tol)
+            torch.testing.assert_close(w2, w1, atol=tol, rtol=tol)
+        assert (given.attention(Q, K, V, mask)[1][..., 0, 3:] == 0).all()
