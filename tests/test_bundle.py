@@ -285,6 +285,9 @@ def test_a_broken_cache_gets_the_stand_ins_message_in_the_bundle(venv, tmp_path)
     assert result.returncode == 1
     assert "fix KVCache first" in result.stdout, result.stdout[-3000:]
     assert "NotImplementedError" not in result.stdout + result.stderr
+    # (the bundle's re-check runs the notebook's own inputs, and says so: nothing of it is hidden)
+    assert "here on the notebook's own inputs" in result.stdout and "on new inputs" not in result.stdout
+    assert "the error's message is not shown" not in result.stdout
 
 
 def test_the_given_layers_are_refused_as_answers():

@@ -598,7 +598,7 @@ def _outcome(check: Check, report: dict, machinery) -> Outcome:
             found.append({"error": f"it calls {what}{where}, {kind} that this piece must not use (you are asked to "
                                    "write it yourself)", "forbidden": True})
         elif not isinstance(res.get("outputs"), dict):
-            if res.get("secret"):
+            if res.get("secret") and not firstprinciples.BUNDLED:  # (a bundle re-checks the visible inputs)
                 found.append({"error": f"it raised {wire.capped(res.get('error', '?'), 120)} on one of the re-check's "
                                        "own inputs (the error's message is not shown: it could hold those inputs; "
                                        "run the notebook's tests to see it on theirs)"})
@@ -693,9 +693,12 @@ def judge_case(check: Check, aspect: probes.Aspect, enc: dict, got: dict, want: 
 
 
 # ---------------------------------------------------------------- verdicts into the notebook
+RECHECK_RUN = ("run by the grader outside your notebook, on new inputs" if not firstprinciples.BUNDLED else
+               "run outside your notebook as the grader runs it, here on the notebook's own inputs: the grader's are new")
+
+
 def failure_output(reason: str) -> NotebookNode:
-    text = (f"The trusted re-check (run by the grader outside your notebook, on new inputs) failed: {reason.rstrip('.')}. "
-            "This test scores 0.")
+    text = f"The trusted re-check ({RECHECK_RUN}) failed: {reason.rstrip('.')}. This test scores 0."
     return NotebookNode(output_type="error", ename=FAILED, evalue=text, traceback=[f"\x1b[0;31m{FAILED}\x1b[0m: {text}"])
 
 
