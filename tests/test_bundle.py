@@ -360,3 +360,16 @@ def test_given_attention_is_the_references_attention(dtype, tol):
             torch.testing.assert_close(o2, o1, atol=tol, rtol=tol)
             torch.testing.assert_close(w2, w1, atol=tol, rtol=tol)
         assert (given.attention(Q, K, V, mask)[1][..., 0, 3:] == 0).all()
+
+
+def test_a_visible_case_is_known_by_its_label():
+    """The bundle finds a visible case's stored results and its mistakes' results by the case's label
+    (``declared.stored_by_label``, ``expected.mistakes``): within a piece, one label is one input."""
+    from firstprinciples.grading import wire
+
+    for exercise in exercises.all_pieces():
+        pool = exercise.visible() if callable(exercise.visible) else exercise.visible
+        seen: dict = {}
+        for case in pool:
+            inputs = {k: wire.encode(v) for k, v in case.items() if k != "tags"}
+            assert seen.setdefault(case["label"], inputs) == inputs, f"{exercise.name}: two inputs for {case['label']!r}"
