@@ -83,9 +83,6 @@ def _functions(obj):
         yield obj
 
 
-_STOPS: set = set()  # code that ``_reach`` does not follow (the stand-ins')
-
-
 def _inside(value, depth: int = 0):
     """The functions and classes a value holds: itself, or those in a container it is (nested; not
     the fields of a declaration's objects: a ``Mistake``'s function is not run by a check)."""
@@ -99,13 +96,14 @@ def _inside(value, depth: int = 0):
             yield from _inside(v, depth + 1)
 
 
-def _reach(obj, seen: set, prefix: str, visited: set | None = None) -> None:
-    """Every code object ``obj`` may run among the modules under ``prefix``: its code, the functions
-    in its closure, and the functions and classes its code names (as globals, or as attributes of a
-    module of ``prefix`` that it names), transitively. Static: a name used is a name that may run."""
-    visited = set() if visited is None else visited  # (functions, not code: closures of one code differ)
+def _reach(obj, seen: set, prefix: str, visited: set, stops: frozenset = frozenset()) -> None:
+    """Every code object ``obj`` may run among the modules under ``prefix`` (into ``seen``): its code,
+    the functions in its closure, and the functions and classes its code names (as globals, or as
+    attributes of a module of ``prefix`` that it names), transitively; not the code of ``stops``.
+    Static: a name used is a name that may run. ``visited``: the functions followed (not their code:
+    closures of one code hold different tables)."""
     for f in list(_functions(obj)):
-        if f.__code__ in seen and (f.__code__ in _STOPS or id(f) in visited):
+        if f.__code__ in stops or id(f) in visited:
             continue
         visited.add(id(f))
         codes = list(_codes(f.__code__))
@@ -126,11 +124,11 @@ def _reach(obj, seen: set, prefix: str, visited: set | None = None) -> None:
         for value in held:
             for inner in _inside(value):
                 if str(getattr(inner, "__module__", "")).startswith(prefix):
-                    _reach(inner, seen, prefix, visited)
+                    _reach(inner, seen, prefix, visited, stops)
     for base in getattr(obj, "__mro__", ())[1:]:  # (a class's own bases of the package)
         if str(base.__module__).startswith(prefix) and id(base) not in visited:
             visited.add(id(base))
-            _reach(base, seen, prefix, visited)
+            _reach(base, seen, prefix, visited, stops)
 
 
 def kept_code() -> set:
@@ -140,15 +138,9 @@ def kept_code() -> set:
     from . import exercises
 
     prefix = exercises.__name__
-    stand_ins = set()  # (their code is not followed: what only a stand-in uses goes with it)
-    for name in exercises.NAMES:
-        module = importlib.import_module(f"{prefix}.{name}")
-        for attr in getattr(module, "STAND_INS", {}):
-            for f in _functions(getattr(module, attr)):
-                stand_ins.update(_codes(f.__code__))
-    seen: set = set(stand_ins)
-    _STOPS.clear()
-    _STOPS.update(stand_ins)
+    # (a stand-in's code is not followed: what only a stand-in uses goes with it)
+    stand_ins = frozenset(c for obj, _ in _stand_ins().values() for f in _functions(obj) for c in _codes(f.__code__))
+    seen: set = set()
     visited: set = set()
     for exercise in exercises.all_pieces():
         roots = [exercise.adapter, exercise.tolerance, exercise.memory, exercise.rebuild]
@@ -157,7 +149,7 @@ def kept_code() -> set:
             roots += [*test.first, *test.then, test.says]
         for root in roots:
             if root is not None:
-                _reach(root, seen, prefix, visited)
+                _reach(root, seen, prefix, visited, stand_ins)
     kept = {(c.co_filename, c.co_qualname) for c in seen - stand_ins}
     return kept | (run_at_import() - {(c.co_filename, c.co_qualname) for c in stand_ins})
 
@@ -232,8 +224,10 @@ def mistake_results(assignment: str) -> dict:
     cases of the cells it is declared to fail (left out where it raises, where they are the
     reference's, or where the piece has no reference: the trained decoder's mistakes decode the
     student's own model, which is not known here)."""
+    import torch
+
     from . import exercises
-    from .grading import declared, wire
+    from .grading import declared
 
     out: dict = {}
     for exercise in exercises.pieces(assignment):
@@ -248,21 +242,25 @@ def mistake_results(assignment: str) -> dict:
                 # (the cases of the cells it fails: where a student's answer that is this mistake fails)
                 if not any(set(case["tags"]) & exercise.tests[g].tags for g in m.fails if g in exercise.tests):
                     continue
-                theirs = declared._results(m.fn, exercise, case)
+                with torch.random.fork_rng():  # (a mistake that ignores the case's generator: the same bundle every time)
+                    torch.manual_seed(0)
+                    theirs = declared._results(m.fn, exercise, case)
                 if theirs is None or theirs == want:
                     continue
                 by_label.setdefault(label, {})[m.label] = theirs
     return out
 
 
-def _stand_in_messages() -> dict:
+def _stand_ins() -> dict:
+    """(declaration module's file name, name) -> (the stand-in, the message its stub raises in a bundle),
+    from each declaration's ``STAND_INS``."""
     from . import exercises
 
     out = {}
     for name in exercises.NAMES:
         module = importlib.import_module(f"{exercises.__name__}.{name}")
         for attr, message in getattr(module, "STAND_INS", {}).items():
-            out[(f"{name}.py", attr)] = message
+            out[(f"{name}.py", attr)] = (getattr(module, attr), message)
     return out
 
 
@@ -277,7 +275,7 @@ def build(out: Path) -> Path:
         raise FileExistsError(f"{out} is not empty: give a new folder")
     package = out / "firstprinciples"
     keep = kept_code()
-    messages = _stand_in_messages()
+    messages = {key: message for key, (_, message) in _stand_ins().items()}
     declarations = Path(exercises.__file__).parent
     for path in sorted(PACKAGE.rglob("*")):
         rel = path.relative_to(PACKAGE)
@@ -293,8 +291,9 @@ def build(out: Path) -> Path:
     for name in exercises.NAMES:
         found = mistake_results(name)
         if found:
-            with gzip.open(package / "exercises" / "expected" / f"{name}.mistakes.json.gz", "wt") as f:
-                f.write(json.dumps(found, sort_keys=True) + "\n")  # (sampling's 10,000 tokens a case compress well)
+            # (sampling's 10,000 tokens a case compress well; mtime 0: the same bytes every build)
+            with gzip.GzipFile(package / "exercises" / "expected" / f"{name}.mistakes.json.gz", "wb", mtime=0) as f:
+                f.write((json.dumps(found, sort_keys=True) + "\n").encode())
     released = ROOT / "exercises"
     for path in sorted(released.rglob("*")):
         rel = path.relative_to(released)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -92,6 +93,7 @@ def venv(built, tmp_path_factory):
     pip-installed alone and the course's dependencies come from this environment (a ``.pth`` line)."""
     where = tmp_path_factory.mktemp("venv") / "env"
     python = where / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    built = Path(shutil.copytree(built, where.parent / "bundle"))  # (pip builds in the folder: not in the shared one)
     if WHEELS.is_dir() and any(WHEELS.glob("torch-*.whl")):
         subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -373,3 +375,12 @@ def test_a_visible_case_is_known_by_its_label():
         for case in pool:
             inputs = {k: wire.encode(v) for k, v in case.items() if k != "tags"}
             assert seen.setdefault(case["label"], inputs) == inputs, f"{exercise.name}: two inputs for {case['label']!r}"
+
+
+def test_building_again_gives_the_same_bytes(built, tmp_path):
+    """A release's bundle can be rebuilt and compared: the same files with the same bytes (the stored
+    mistakes' results too: a mistake that ignores the case's generator draws from a seeded one)."""
+    again = bundle.build(tmp_path / "again")
+    files = sorted(p.relative_to(built) for p in built.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
+    assert [p for p in files if (built / p).read_bytes() != (again / p).read_bytes()] == []
