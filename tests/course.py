@@ -51,6 +51,39 @@ def defined_names(source: str):
     return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
 
 
+# ---- submissions: a released notebook filled with answers ----
+
+# An attention that forgets the 1/sqrt(d_k) scaling: a partially correct answer.
+NO_SCALING = '''
+import torch
+
+def scaled_dot_product_attention(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1)
+    if mask is not None:
+        scores = scores + mask
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ V, weights
+'''
+
+
+def solution_answers(source_nb):
+    """The solution notebook's answer cells (by grade_id), without the solution markers."""
+    return {
+        nbgrader_meta(c)["grade_id"]: re.sub(r"^\s*### (BEGIN|END) SOLUTION\n", "", c.source, flags=re.M)
+        for c in answer_cells(source_nb)
+    }
+
+
+def fill(released, answers):
+    """A copy of the released notebook whose answer cells named in ``answers`` (by grade_id) hold them."""
+    nb = nbformat.from_dict(released)
+    for cell in answer_cells(nb):
+        gid = nbgrader_meta(cell)["grade_id"]
+        if gid in answers:
+            cell.source = answers[gid]
+    return nb
+
+
 def make_course(tmp: Path) -> Path:
     """A fresh course folder: the repo's nbgrader_config.py and solutions/."""
     course = tmp / "course"

@@ -19,8 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course import ROOT
-from test_instructor_roundtrip import fill, solution_answers
+from course import ROOT, fill, solution_answers
 
 TEMPLATE = ROOT / "tests" / "exercises" / "template"
 NAME = "clip_scores"

@@ -22,8 +22,7 @@ import nbformat
 import pytest
 
 import docpages
-from course import SOLUTIONS, make_course, nbgrader
-from test_instructor_roundtrip import fill, solution_answers
+from course import SOLUTIONS, fill, make_course, nbgrader, solution_answers
 
 ASSIGNMENT = NOTEBOOK = "softmax"
 COURSE_ID = "transformers-from-first-principles"  # c.CourseDirectory.course_id in nbgrader_config.py

@@ -24,8 +24,7 @@ import nbformat
 import pytest
 from bs4 import BeautifulSoup
 
-from course import SOLUTIONS, make_course, nbgrader, nbgrader_meta
-from test_instructor_roundtrip import fill, solution_answers
+from course import SOLUTIONS, fill, make_course, nbgrader, nbgrader_meta, solution_answers
 
 NAIVE = '''import torch
 

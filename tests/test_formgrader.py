@@ -22,8 +22,7 @@ import nbformat
 import pytest
 
 import docpages
-from course import SOLUTIONS, make_course, nbgrader, scratch
-from test_instructor_roundtrip import fill, solution_answers
+from course import SOLUTIONS, fill, make_course, nbgrader, scratch, solution_answers
 
 ASSIGNMENT = NOTEBOOK = "softmax"
 SLEEP = 6  # seconds the student's extra cell sleeps; grading takes about SLEEP + 4 s

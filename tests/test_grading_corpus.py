@@ -24,8 +24,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course import SOLUTIONS, make_course, nbgrader, nbgrader_meta, scratch
-from test_instructor_roundtrip import fill, solution_answers
+from course import SOLUTIONS, fill, make_course, nbgrader, nbgrader_meta, scratch, solution_answers
 
 sys.path.insert(0, str(Path(__file__).parent))
 from corpus.attacks import ATTACKS  # noqa: E402

@@ -15,8 +15,7 @@ import subprocess
 import nbformat
 import pytest
 
-from course import SOLUTIONS, answer_cells, make_course, nbgrader, nbgrader_meta, scratch
-from test_instructor_roundtrip import fill, solution_answers
+from course import SOLUTIONS, answer_cells, fill, make_course, nbgrader, nbgrader_meta, scratch, solution_answers
 
 ASSIGNMENT, NOTEBOOK = "qkv", "queries_keys_values"
 TIMEOUT = 10  # seconds per cell in this test (the course uses 60; a cell of qkv takes well under 1 s)

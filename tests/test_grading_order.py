@@ -14,8 +14,7 @@ import csv
 import nbformat
 import pytest
 
-from course import SOLUTIONS, make_course, nbgrader
-from test_instructor_roundtrip import fill, solution_answers
+from course import SOLUTIONS, fill, make_course, nbgrader, solution_answers
 
 ASSIGNMENT = NOTEBOOK = "softmax"
 ANSWERS = {

@@ -33,8 +33,7 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from course import SOLUTIONS, make_course, nbgrader, scratch
-from test_instructor_roundtrip import fill, solution_answers
+from course import SOLUTIONS, fill, make_course, nbgrader, scratch, solution_answers
 
 ASSIGNMENT = NOTEBOOK = "softmax"
 COURSE_ID = "transformers-from-first-principles"

@@ -19,9 +19,8 @@ import time
 import nbformat
 import pytest
 
-from course import SOLUTIONS, make_course, nbgrader, nbgrader_meta, scratch
+from course import SOLUTIONS, fill, make_course, nbgrader, nbgrader_meta, scratch, solution_answers
 from test_grading_faults import _sandbox_processes
-from test_instructor_roundtrip import fill, solution_answers
 
 ASSIGNMENT = NOTEBOOK = "softmax"
 

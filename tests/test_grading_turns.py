@@ -19,9 +19,8 @@ import re
 import nbformat
 import pytest
 
-from course import SOLUTIONS, make_course, nbgrader
+from course import SOLUTIONS, fill, make_course, nbgrader, solution_answers
 from test_grading_parallel import answers_of, read_export, submit
-from test_instructor_roundtrip import fill, solution_answers
 
 SLOW_SECONDS = 25  # the slow student's answer cell; the five others take about a second each
 SLOW = ("import time\nimport torch\n\ntime.sleep(%d)\n\n" % SLOW_SECONDS

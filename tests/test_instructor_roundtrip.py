@@ -12,25 +12,14 @@ Students:
 - ``no_scaling`` (attention only): the 1/sqrt(d_k) scaling forgotten.
 """
 import csv
-import re
 import shutil
 
 import nbformat
 import pytest
 
-from course import EXERCISES, SOLUTIONS, answer_cells, assignments, make_course, nbgrader, nbgrader_meta
+from course import (EXERCISES, NO_SCALING, SOLUTIONS, assignments, fill, make_course, nbgrader, nbgrader_meta,
+                    solution_answers)
 from seeds import seed_code
-
-NO_SCALING = '''
-import torch
-
-def scaled_dot_product_attention(Q, K, V, mask=None):
-    scores = Q @ K.transpose(-2, -1)
-    if mask is not None:
-        scores = scores + mask
-    weights = torch.softmax(scores, dim=-1)
-    return weights @ V, weights
-'''
 
 SEED_SINUSOIDAL = '''
 {seed}
@@ -46,22 +35,6 @@ def seed_answers():
                ("scaled_dot_product_attention", "MultiHeadAttention", "FeedForward", "TransformerBlock")}
     answers["sinusoidal_encoding"] = SEED_SINUSOIDAL.format(seed=seed_code("SinusoidalPE"))
     return answers
-
-
-def solution_answers(source_nb):
-    return {
-        nbgrader_meta(c)["grade_id"]: re.sub(r"^\s*### (BEGIN|END) SOLUTION\n", "", c.source, flags=re.M)
-        for c in answer_cells(source_nb)
-    }
-
-
-def fill(released, answers):
-    nb = nbformat.from_dict(released)
-    for cell in answer_cells(nb):
-        gid = nbgrader_meta(cell)["grade_id"]
-        if gid in answers:
-            cell.source = answers[gid]
-    return nb
 
 
 def max_points(source_nb):

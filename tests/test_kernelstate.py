@@ -20,10 +20,9 @@ import nbformat
 import pytest
 import torch
 
-from course import EXERCISES, SOLUTIONS, fresh_template
+from course import EXERCISES, SOLUTIONS, fill, fresh_template, solution_answers
 from firstprinciples.capstone.model import TinyGPT, load_trained
 from firstprinciples.grading import kernelstate, sandbox, trusted, verdicts, wire
-from test_instructor_roundtrip import fill, solution_answers
 
 NOTEBOOK = "capstone/capstone.ipynb"
 MODEL_CELLS = ("test_trained", "test_resolves_it", "test_generate_trained")

@@ -16,8 +16,7 @@ import nbformat
 import pytest
 
 import docpages
-from course import SOLUTIONS, make_course, scratch
-from test_instructor_roundtrip import fill, solution_answers
+from course import SOLUTIONS, fill, make_course, scratch, solution_answers
 
 
 def walkthrough_commands():

@@ -32,8 +32,7 @@ import nbformat
 import pytest
 
 import docpages
-from course import SOLUTIONS, make_course, nbgrader
-from test_instructor_roundtrip import fill, solution_answers
+from course import SOLUTIONS, fill, make_course, nbgrader, solution_answers
 
 STUB_HEAD = '''def softmax(x, dim=-1):
     """Softmax of x along dim."""

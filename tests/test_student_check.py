@@ -10,8 +10,7 @@ import nbformat
 import pytest
 
 from corpus.attacks import ATTACKS
-from course import EXERCISES, SOLUTIONS, fresh_template
-from test_instructor_roundtrip import NO_SCALING, fill, solution_answers
+from course import EXERCISES, NO_SCALING, SOLUTIONS, fill, fresh_template, solution_answers
 
 ASSIGNMENT, NOTEBOOK = "attention", "scaled_dot_product_attention"
 

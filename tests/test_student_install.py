@@ -24,8 +24,7 @@ import nbformat
 import pytest
 
 import docpages
-from course import EXERCISES, ROOT, SOLUTIONS
-from test_instructor_roundtrip import fill, solution_answers
+from course import EXERCISES, ROOT, SOLUTIONS, fill, solution_answers
 
 WHEELS = Path(os.environ.get("FP_STUDENT_WHEELS", ROOT / ".student-wheels"))
 NOT_FOR_STUDENTS = ("jupyter-book", "pytest", "playwright", "psycopg2", "psycopg2-binary", "sphinx")

@@ -52,8 +52,8 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from course import SOLUTIONS, answer_cells, assignments, make_course, nbgrader, nbgrader_meta
-from test_instructor_roundtrip import NO_SCALING, fill, solution_answers
+from course import (NO_SCALING, SOLUTIONS, answer_cells, assignments, fill, make_course, nbgrader, nbgrader_meta,
+                    solution_answers)
 
 sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
 from book_build import floor_seconds  # noqa: E402 (the same floor as the book build's benchmark)

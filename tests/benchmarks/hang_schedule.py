@@ -36,8 +36,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from course import SOLUTIONS, make_course, nbgrader, scratch  # noqa: E402
-from test_instructor_roundtrip import fill, solution_answers  # noqa: E402
+from course import SOLUTIONS, fill, make_course, nbgrader, scratch, solution_answers  # noqa: E402
 
 WORKERS = 2
 NEVER_RETURNS = "\n\nwhile True:  # (the cell's pieces are defined; the cell never ends)\n    pass\n"

@@ -38,9 +38,8 @@ for p in (str(TESTS), str(ROOT)):
 import nbformat  # noqa: E402
 from nbclient import NotebookClient  # noqa: E402
 
-from course import EXERCISES, SOLUTIONS, answer_cells, nbgrader_meta  # noqa: E402
+from course import EXERCISES, SOLUTIONS, answer_cells, fill, nbgrader_meta, solution_answers  # noqa: E402
 from corpus.honest import HONEST  # noqa: E402
-from test_instructor_roundtrip import fill, solution_answers  # noqa: E402
 
 
 def _notebooks(assignment):
