@@ -24,7 +24,7 @@ imports and its checks need, and no implementation of a graded piece:
 - **the re-check** of the check command runs the grader's runner on the visible cases against the
   stored results (the grader's secret cases stay the grader's).
 
-``tests/test_bundle.py`` builds it, finds no solution of an answer cell and no reference body in it,
+``tests/tools/test_bundle.py`` builds it, finds no solution of an answer cell and no reference body in it,
 and checks solved notebooks with it alone.
 """
 from __future__ import annotations

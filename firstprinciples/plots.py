@@ -6,7 +6,7 @@ SVG (vector, sharp at any size) with their text kept as text, at most
 points: shown on a phone (a column of about 360 px) such a figure is scaled
 down to about 0.62 of its size, and its smallest text still measures about
 9 px on screen; on a wide screen it is shown at its natural size, never
-enlarged. ``tests/test_book_reader.py`` measures both in Chromium.
+enlarged. ``tests/book/test_book_reader.py`` measures both in Chromium.
 """
 from __future__ import annotations
 

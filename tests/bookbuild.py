@@ -1,4 +1,4 @@
-"""The rendered book for the tests that read it (tests/test_book.py, tests/test_book_reader.py):
+"""The rendered book for the tests that read it (tests/book/test_book.py, tests/book/test_book_reader.py):
 one build per test session, shared by every pytest-xdist worker, and a Chromium to look at it.
 
 The build is the README's, with warnings as errors: ``jupyter-book build . -W -n --keep-going``

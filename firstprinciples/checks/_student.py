@@ -138,7 +138,7 @@ def _tensors_on(line: str, frame) -> list[tuple[str, torch.Tensor]]:
     return found
 
 
-# The hint table: each row names one error and fires only on it (tests/test_checks_hints.py tests every
+# The hint table: each row names one error and fires only on it (tests/grading/test_checks_hints.py tests every
 # row on an error it must fire on and on one it must not). A row is ``fn(err, text, line, tensors, params)``,
 # returning the hint or ''; ``tensors``: the tensors named on the line, ``params``: the parameter names
 # of the student's function that raised.

@@ -8,7 +8,7 @@ hides padding in the context). Decisions stated once:
 - Values are compared with the course's results (``reference``), with the defaults of
   ``grading.compare``: a correct answer differs from them only by the order of its sums. The
   reference itself agrees with ``F.scaled_dot_product_attention`` and ``nn.MultiheadAttention``
-  (one head, the same weights, no output projection): ``tests/test_reference_decoding.py`` shows it,
+  (one head, the same weights, no output projection): ``tests/material/test_reference_decoding.py`` shows it,
   so ``test_against_torch`` compares the answer with the reference only.
 - ``test_shapes`` judges types, dtypes, shapes and that every row of the weights is a probability
   distribution over the context; ``test_gradients_and_inputs`` judges that honest gradients reach

@@ -39,7 +39,7 @@ Decisions stated once:
   pieces); every test that calls forward, an answer that changes its input, its mask or its own
   weights.
 - The old checks' hidden comparison with PyTorch's ``nn.MultiheadAttention`` is the comparison with
-  the reference, which ``tests/test_reference_modules.py`` holds equal to it.
+  the reference, which ``tests/material/test_reference_modules.py`` holds equal to it.
 - Values are compared with the defaults of ``grading.compare``: four d_model-term products and a
   T-term softmax in float32 move a correct answer by a few units of 1e-7 relative.
 - The later notebooks (transformer_block, capstone) run recaps of the three pieces

@@ -21,7 +21,7 @@ Decisions stated once:
   the defaults of ``grading.compare``: LayerNorm, a d_model-term attention and a 4 d_model-term
   feed-forward network in float32 move a correct answer by a few units of 1e-7 relative.
 - The old hidden comparison with ``nn.TransformerEncoderLayer(norm_first=True, activation="gelu")``
-  is the comparison with the reference, which ``tests/test_reference_modules.py`` holds equal to it.
+  is the comparison with the reference, which ``tests/material/test_reference_modules.py`` holds equal to it.
 - ``test_block_dropout`` judges dropout by its behaviour (issue 38), with dropout=0.5 (and, secretly,
   0.25): off in eval mode (the output is the reference's), on in train mode (the output differs),
   on the two branches only (with dropout=1.0 in train mode the block returns x), and its

@@ -1,7 +1,7 @@
 """Broken submissions are graded as far as possible, with a note per student.
 
 Stock nbgrader 0.9.6 (measured on the ``softmax`` assignment, see
-``tests/test_grading_broken.py``):
+``tests/grading/test_grading_broken.py``):
 
 - a notebook that is not JSON fails that student's grading, the exit code is 1,
   and the gradebook keeps whatever score an earlier run left (a stale 10);

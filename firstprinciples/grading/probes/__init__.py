@@ -93,7 +93,7 @@ def register(*probes: Probe) -> None:
 
 def load() -> dict:
     """Every probe module of ``MODULES`` imported (a name misspelt there is an error, not a probe
-    silently missing: ``tests/test_trusted.py`` also checks that every module file is listed), and
+    silently missing: ``tests/grading/test_trusted.py`` also checks that every module file is listed), and
     a probe made from each declared exercise (``exercises.NAMES``)."""
     for m in MODULES:
         importlib.import_module(f"{__name__}.{m}")

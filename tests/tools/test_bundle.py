@@ -88,7 +88,7 @@ def built(tmp_path_factory):
 @pytest.fixture(scope="module")
 def venv(built, tmp_path_factory):
     """A fresh virtualenv with the bundle installed. Where the student install's wheel cache is
-    (``tests/test_student_install.py``; CI fetches it), by the students' own command run in the bundle,
+    (``tests/e2e/test_student_install.py``; CI fetches it), by the students' own command run in the bundle,
     ``pip install -r requirements-student.txt``, offline from that cache; elsewhere the bundle is
     pip-installed alone and the course's dependencies come from this environment (a ``.pth`` line)."""
     where = tmp_path_factory.mktemp("venv") / "env"
@@ -156,7 +156,7 @@ def test_the_bundle_holds_no_reference_body(built):
 
 def test_the_bundle_holds_the_released_notebooks_as_they_are(built):
     """The notebooks are the released ones, byte for byte: their install line (Colab) names the
-    package's version, which is the bundle's (``tests/test_notebooks.py`` checks the line)."""
+    package's version, which is the bundle's (``tests/material/test_notebooks.py`` checks the line)."""
     ours = sorted(p.relative_to(ROOT / "exercises") for p in (ROOT / "exercises").rglob("*.ipynb"))
     theirs = sorted(p.relative_to(built / "exercises") for p in (built / "exercises").rglob("*.ipynb"))
     assert ours == theirs and len(ours) == len(exercises.NAMES)

@@ -26,7 +26,7 @@ import pytest
 from firstprinciples.grading import sandbox, warm
 from firstprinciples.grading.parallel import GraderBoundKernelManager
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None and not os.environ.get("CI"),
                                  reason="bubblewrap is not installed (apt-get install bubblewrap)")
 needs_linux = pytest.mark.skipif(not warm.available(), reason="warm kernels need Linux and fork")

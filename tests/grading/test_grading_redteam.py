@@ -5,10 +5,10 @@ The exercise is softmax (10 points: worked example 2, large inputs 2, -inf
 entries 2, dims 2, gradients and inputs 2). The wrong answers get the same partial
 credit as their honest in-kernel tests give: the trusted re-check
 (firstprinciples.grading.trusted) is as strict as each test, no stricter. The
-cheats are in tests/corpus/attacks.py, graded by tests/test_grading_corpus.py.
+cheats are in tests/corpus/attacks.py, graded by tests/grading/test_grading_corpus.py.
 
-Together with tests/test_grading_faults.py (crashes, hangs, bombs, a gigabyte of
-output, a snooping cell) and tests/test_grading_broken.py (broken files and
+Together with tests/grading/test_grading_faults.py (crashes, hangs, bombs, a gigabyte of
+output, a snooping cell) and tests/grading/test_grading_broken.py (broken files and
 metadata) this is the red-team suite of the grading issue.
 """
 from __future__ import annotations

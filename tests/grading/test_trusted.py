@@ -2,7 +2,7 @@
 format, the comparison and the final verdict.
 
 End-to-end, with nbgrader and sandboxed kernels, the red-team suite
-(tests/test_grading_redteam.py) grades cheating submissions; here each part is
+(tests/grading/test_grading_redteam.py) grades cheating submissions; here each part is
 tested on its own, quickly.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ plotting code, math as written, one search box, and no accessibility violation
 
 One build serves every test in this file: a fresh Sphinx build into a temporary
 folder with the execution cache shared with the README's build, as in
-tests/test_book.py. The axe-core tests need axe-core from the npm registry
+tests/book/test_book.py. The axe-core tests need axe-core from the npm registry
 (``npm install --prefix .axe axe-core``, which .ci/run does; or set
 FP_AXE_CORE to its ``axe.min.js``): skipped without it, failed under CI.
 """

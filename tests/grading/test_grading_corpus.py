@@ -26,7 +26,7 @@ import pytest
 
 from course import SOLUTIONS, fill, make_course, nbgrader, nbgrader_meta, scratch, solution_answers
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # (tests/: the corpus)
 from corpus.attacks import ATTACKS  # noqa: E402
 from corpus.honest import HONEST  # noqa: E402
 

@@ -452,7 +452,7 @@ def test_template_ships_with_the_package():
 
     from firstprinciples.grading.feedback import TEMPLATES
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
         "firstprinciples.grading"]
     files = [p.relative_to(Path(TEMPLATES).parent).as_posix() for p in Path(TEMPLATES).rglob("*") if p.is_file()]
@@ -467,7 +467,7 @@ def test_template_is_not_git_ignored():
 
     from firstprinciples.grading.feedback import TEMPLATES
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     if shutil.which("git") is None or not (root / ".git").exists():
         pytest.skip("not a git checkout")
     template = Path(TEMPLATES, "student_feedback", "index.html.j2").relative_to(root)
