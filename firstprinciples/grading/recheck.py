@@ -23,7 +23,9 @@ into plain Python), the pieces to probe and their secret cases, and a nonce. The
 3. it probes each piece (``runtime.report``: every case in its own watched window; a piece
    given the ``state`` its kernel ended with is first rebuilt from it, ``kernelstate``)
    and writes one line per piece as soon as it is done, so that a piece that hangs
-   costs only itself (the grader kills the runner and starts another for the rest);
+   costs only itself (the grader kills the runner and starts another for the rest). Cases
+   the job marks ``watched: false`` run without the watch, first, under a name of their own
+   (``as``): the grader measures their memory from outside this process;
 4. it ends with ``os._exit``: no ``atexit`` handler or finaliser of the student's runs.
 
 Each line is ``MARK nonce JSON``. Nothing here is trusted and nothing here decides: the
@@ -278,14 +280,15 @@ def main() -> None:
     # What the runner uses after student code has run, taken now, before: the probes themselves
     # (replacing an entry of the registry, or the module's ``report``, afterwards changes nothing
     # here), in a tuple (no item of it can be replaced).
-    pieces = tuple((p["name"], _copy(registry[p["name"]]), p["cases"], p.get("state")) for p in job["pieces"]
-                   if p["name"] in registry)  # (copies: no object a student's import can reach is used)
+    # (copies: no object a student's import can reach is used)
+    pieces = tuple((p["name"], _copy(registry[p["name"]]), p["cases"], p.get("state"), str(p.get("as") or p["name"]),
+                    p.get("watched", True) is not False) for p in job["pieces"] if p["name"] in registry)
     report = runtime.report
     # Before any student code: the identities of the functions each piece must not call, as this
     # process holds them. The grader keeps them; what the runner reports later is only what it
     # saw, matched there (a table emptied here afterwards changes nothing).
     send({"event": "baseline", "ids": {name: observe.identities(observe.forbidden_python(**probe.watch()))
-                                       for name, probe, _cases, _state in pieces}})
+                                       for name, probe, *_rest in pieces}})
     refuse_course_implementations()  # (after the baseline, which holds the forbidden functions' identities)
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     shell = Shell(namespace)
@@ -341,11 +344,12 @@ def main() -> None:
     send({"event": "loaded", "errors": errors, "changes": changed, "imported": [m for m in LAZY if m in sys.modules]})
     _gc_disable()  # from here on, finalisers run only inside the watched windows (runtime.report collects there)
 
-    for name, probe, cases, state in pieces:
+    for name, probe, cases, state, as_, watched in pieces:
         try:
-            result = report(namespace, name, cases, state, probe)
+            result = report(namespace, name, cases, state, probe, watched)
         except BaseException as e:  # noqa: B036 (the runner itself was broken by the student's code)
             result = {"name": name, "broken": f"{type(e).__name__}: {str(e)[:300]}"}
+        result["name"] = as_  # (a piece's cases run apart, ``alone``, are reported under a name of their own)
         after = snapshot(before)
         found = changes(before, after)
         before = after

@@ -60,7 +60,7 @@ from nbformat import NotebookNode
 
 import firstprinciples
 
-from . import declared, probes, scan, wire
+from . import declared, probes, resident, scan, wire
 from .wire import MARK
 
 FAILED = "TrustedCheckFailed"
@@ -101,6 +101,7 @@ class Check:
     probe: probes.Probe
     cases: list
     expected: list = field(default_factory=list)  # the reference's encoded results, per case
+    apart: tuple = ()  # the indices of the cases that run apart (``alone``: run_runner)
 
 
 @dataclass
@@ -145,7 +146,9 @@ def make_plan(nb, seed: int, course_sources: set | None = None) -> Plan:
     for name in names:
         probe = registry[name]
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-        checks.append(Check(name, probe, [probes.encode_case(c) for c in probe.cases(rng)]))
+        cases = probe.cases(rng)
+        checks.append(Check(name, probe, [probes.encode_case(c) for c in cases],
+                            apart=tuple(i for i, c in enumerate(cases) if c.get("alone") is True)))
     return Plan(checks, infos, graded, nb)
 
 
@@ -236,15 +239,22 @@ def run_runner(command: list, cells: list, checks: list, limits: Limits, deadlin
     returns then is incomplete). ``states``: name -> the parameters its kernel ended with, for
     pieces the runner rebuilds from them (``Probe.rebuild``)."""
     nonce = secrets.token_hex(16)
+    # The cases marked ``alone`` run first, unwatched, before any other case has run in the runner;
+    # the grader reads how much the process grew meanwhile (``resident``: from outside it).
+    apart = {c.name: list(c.apart) for c in checks}
+    state = {c.name: {"state": states[c.name]} if states and c.name in states else {} for c in checks}
+    first = [{"name": c.name, "as": c.name + ALONE, "watched": False, "cases": [c.cases[i] for i in apart[c.name]],
+              **state[c.name]} for c in checks if apart[c.name]]
     job = {"nonce": nonce, "cells": cells,
-           "pieces": [{"name": c.name, "cases": c.cases, **({"state": states[c.name]} if states and c.name in states
-                                                             else {})} for c in checks]}
+           "pieces": first + [{"name": c.name, "cases": [e for i, e in enumerate(c.cases) if i not in apart[c.name]],
+                               **state[c.name]} for c in checks]}
     prefix = MARK + nonce
     proc = start_runner(command)
+    watch = resident.Watch(proc).__enter__() if first else None
     results: dict = {}
     loaded: dict = {}
     baseline = None
-    pending = [c.name for c in checks]
+    pending = [p.get("as", p["name"]) for p in job["pieces"]]
     try:
         try:
             proc.stdin.write(json.dumps(job).encode())
@@ -261,15 +271,16 @@ def run_runner(command: list, cells: list, checks: list, limits: Limits, deadlin
             left = min(step_started + phase_limit, deadline) - now
             if left <= 0:
                 what = ("loading your code" if not loaded else
-                        f"{pending[0]} within {phase_limit:g} s on its own inputs (the grader watches every torch "
-                        "call your code makes, which makes code with many small calls, a Python loop over rows or "
-                        f"tokens, up to {WATCH_FACTOR:g} times slower than in your notebook: vectorise the loop)")
+                        f"{pending[0].removesuffix(ALONE)} within {phase_limit:g} s on its own inputs (the grader "
+                        "watches every torch call your code makes, which makes code with many small calls, a Python "
+                        f"loop over rows or tokens, up to {WATCH_FACTOR:g} times slower than in your notebook: "
+                        "vectorise the loop)")
                 if now >= deadline:
                     what += "; the re-check of this notebook ran out of time"
                 # a piece that hung is failed; a load that hung fails the pieces only when they
                 # were run alone (together, each gets a runner of its own with its own cells)
                 for n in pending[:1] if loaded else (pending if len(checks) == 1 else []):
-                    results[n] = f"the re-check did not finish {what}"
+                    results[n.removesuffix(ALONE)] = f"the re-check did not finish {what}"
                 break
             if not sel.select(timeout=min(left, 1.0 if cancel is None else 0.1)):
                 continue
@@ -299,6 +310,8 @@ def run_runner(command: list, cells: list, checks: list, limits: Limits, deadlin
                 kind = event.get("event")
                 if kind == "baseline" and baseline is None and not loaded:
                     baseline = event.get("ids") if isinstance(event.get("ids"), dict) else {}
+                    if watch is not None:
+                        watch.mark()  # (read the job, imported what it needs; no student code has run yet)
                 elif kind == "loaded" and not loaded:
                     loaded = event
                 elif kind == "piece" and isinstance(event.get("name"), str):
@@ -308,16 +321,54 @@ def run_runner(command: list, cells: list, checks: list, limits: Limits, deadlin
                     elif name in pending:
                         # (the identities sent before any student code ran, never what the piece's event says)
                         event["baseline"] = identities((baseline or {}).get(name))
+                        event["resident"] = watch.growth() if watch is not None and name.endswith(ALONE) else None
                         results[name] = event
+                        if watch is not None and not any(n.endswith(ALONE) for n in pending):
+                            watch.stop()  # (the cases run apart are done: nothing more to read)
                         pending.remove(name)
                 elif kind == "done":
                     done = True
                 if loaded:  # (the baseline comes before the cells are loaded: the load keeps its limit)
                     step_started = time.monotonic()
-                    phase_limit = limits.piece_for(pending[0]) if pending else limits.piece
+                    phase_limit = limits.piece_for(pending[0].removesuffix(ALONE)) if pending else limits.piece
     finally:
+        if watch is not None:
+            watch.stop()
         _kill(proc)
+    for c in checks:
+        if apart[c.name]:
+            _rejoin(results, c.name, apart[c.name], len(c.cases))
     return loaded, results  # a piece missing here was not reached: the runner died or stopped before it
+
+
+ALONE = "#alone"
+
+
+def _rejoin(results: dict, name: str, apart: list, n: int) -> None:
+    """Put the results of a piece's cases run apart back among its others, in the cases' order,
+    each with the runner's growth as the grader read it (``resident``). A part missing or
+    malformed leaves those cases unreadable (they fail); a failure of either part is the piece's."""
+    alone, rest = results.pop(name + ALONE, None), results.get(name)
+    if isinstance(alone, str) and not isinstance(rest, str):
+        results[name] = alone  # (it hung or broke the runner while running apart)
+        return
+    if not isinstance(rest, dict) or not isinstance(rest.get("results"), list):
+        return
+    got = alone.get("results") if isinstance(alone, dict) else None
+    if not isinstance(got, list) or len(got) != len(apart):
+        got = [None] * len(apart)
+    others = iter(rest["results"])
+    by_index = dict(zip(apart, got))
+    merged = []
+    for i in range(n):
+        if i in by_index:
+            res = by_index[i]
+            merged.append({**res, "resident": alone.get("resident")} if isinstance(res, dict) else res)
+        else:
+            merged.append(next(others, None))
+    rest["results"] = merged if len(rest["results"]) == n - len(apart) else rest["results"]
+    if isinstance(alone, dict) and isinstance(alone.get("changes"), list):
+        rest["changes"] = list(alone["changes"]) + list(rest.get("changes") or [])
 
 
 def identities(pairs) -> dict:
@@ -617,6 +668,13 @@ def _outcome(check: Check, report: dict, machinery) -> Outcome:
 # held 0.1-0.6 times the bound; the whole (T_q, T_k) matrix built in NumPy, 12-25 times (in float32 it
 # alone is at least 4 times the float64 bound, and its softmax's temporaries add twice as much again).
 PYTHON_PEAK_ALLOWANCE = 4
+# On a case run ``alone`` (tiled attention's largest: (2048, 8192) scores), the most the runner's data
+# memory (anonymous and shared pages, read by the grader from outside: ``resident``) may grow between the
+# moment the runner has read its job and the end of that case, before any other case has run. Measured
+# (2-core VM, torch 2.13, warm runners): an answer that returns zeros at once, 18.7 MB (the runner's own
+# loading of the cells); correct answers 18.8-25.3 MB; the whole matrix kept in float16, 53 MB; built
+# in NumPy in float32, 219 MB.
+RESIDENT_ALLOWANCE = 40 * 2**20
 
 
 def _over_memory(check: Check, i: int, res: dict) -> str | None:
@@ -630,6 +688,7 @@ def _over_memory(check: Check, i: int, res: dict) -> str | None:
     if allowed is None:
         return None
     largest, peak = (seen.get(k) for k in ("largest_allocation", "python_peak"))
+    growth = res.get("resident")
     bound = (f"the {allowed:,} allowed (the largest of a (..., T_q, block_size) block, the output and an input, "
              "even in float64): something as large as the whole (T_q, T_k) matrix was built")
     if isinstance(largest, int) and not isinstance(largest, bool) and largest > allowed:
@@ -638,6 +697,10 @@ def _over_memory(check: Check, i: int, res: dict) -> str | None:
     if isinstance(peak, int) and not isinstance(peak, bool) and peak > PYTHON_PEAK_ALLOWANCE * allowed:
         return (f"it held {peak:,} bytes at once outside torch (NumPy arrays, Python objects), more than "
                 f"{PYTHON_PEAK_ALLOWANCE} times {bound} (counted by Python's allocation tracer)")
+    if i in check.apart and isinstance(growth, int) and not isinstance(growth, bool) and growth > RESIDENT_ALLOWANCE:
+        return (f"while it ran, the memory the operating system gave the grader's process grew by {growth:,} bytes, "
+                f"more than the {RESIDENT_ALLOWANCE:,} allowed on this case: something as large as the whole "
+                "(T_q, T_k) matrix was built (measured from outside the process, whatever it switched off)")
     return None
 
 
@@ -768,8 +831,15 @@ def local_verdicts(nb, namespace: dict, seed: int = 0, sources: set | None = Non
     plan = make_plan(nb, seed, sources)
     cells = {i: names for i, names in plan.graded.items() if only is None or set(names) & set(only)}
     wanted = {n for names in cells.values() for n in names}  # (with the pieces those cells also test)
-    outcomes = {c.name: outcome(c, wire.loads(wire.dumps(report(namespace, c.name, c.cases)))) for c in plan.checks
-                if c.name in wanted}
+    outcomes = {}
+    for c in plan.checks:
+        if c.name in wanted:
+            rest = [e for i, e in enumerate(c.cases) if i not in c.apart]
+            results = {c.name: report(namespace, c.name, rest)}
+            if c.apart:  # (unwatched, as in a runner; their memory is measured only from outside a runner)
+                results[c.name + ALONE] = report(namespace, c.name, [c.cases[i] for i in c.apart], watched=False)
+                _rejoin(results, c.name, list(c.apart), len(c.cases))
+            outcomes[c.name] = outcome(c, wire.loads(wire.dumps(results[c.name])))
     failed, _ = apply(nb, plan, outcomes)
     return {nb.cells[i].metadata["nbgrader"]["grade_id"]: failed.get(i) for i in cells}
 

@@ -174,7 +174,7 @@ ATTACKS = [
             _send = None
         if _send is not None:
             from firstprinciples.grading import probes, wire
-            for _name, _probe, _cases, _state in _pieces:
+            for _name, _probe, _cases, *_rest in _pieces:
                 _out = [{"outputs": {k: wire.encode(v) for k, v in _probe.run(
                     lambda x, dim=-1: torch.softmax(x, dim), probes.decode_case(c)).items()}} for c in _cases]
                 _send({"event": "piece", "name": _name, "results": _out, "codes": []})
@@ -214,6 +214,30 @@ ATTACKS = [
             w = np.exp(scores - scores.max(-1, keepdims=True))
             return torch.from_numpy((w / w.sum(-1, keepdims=True)) @ v)
      ''')}, "extra": [], "score": 8, "reason": "outside torch"},
+    {"id": "atk_tiled_full_matrix_in_a_memory_map", "assignment": "tiled_attention", "answers": {"tiled_attention": _c('''
+        import math
+        import mmap
+        import numpy as np
+        import torch
+
+        def tiled_attention(Q, K, V, block_size=64, causal=False):
+            # the whole (T_q, T_k) matrix in an anonymous memory map, computed in place: neither torch's
+            # allocator nor Python's allocation tracer sees it, and no temporary is large
+            q, k, v = (t.detach().numpy() for t in (Q, K, V))
+            T_q, T_k = q.shape[-2], k.shape[-2]
+            n = int(np.prod(q.shape[:-2], dtype=np.int64)) * T_q * T_k
+            S = np.frombuffer(mmap.mmap(-1, max(1, n) * q.itemsize), dtype=q.dtype, count=n)
+            S = S.reshape(q.shape[:-2] + (T_q, T_k))
+            np.matmul(q, np.swapaxes(k, -1, -2), out=S)
+            S *= 1 / math.sqrt(q.shape[-1])
+            if causal:
+                for r in range(T_q):
+                    S[..., r, r + T_k - T_q + 1:] = -np.inf
+            S -= S.max(-1, keepdims=True)
+            np.exp(S, out=S)
+            S /= S.sum(-1, keepdims=True)
+            return torch.from_numpy(S @ v)
+     ''')}, "extra": [], "score": 8, "reason": "measured from outside the process"},
     # ------------------------------------------------ texts the grader writes, made huge
     {"id": "atk_huge_names", "assignment": "softmax", "answers": {"softmax": WRONG_SOFTMAX + _c('''
         for i in range(3):  # three torch attributes with 4 MB names: the grader's flags name them

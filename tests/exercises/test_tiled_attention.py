@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -90,6 +91,71 @@ def test_the_recheck_counts_memory_held_outside_torch():
     assert kernel_failures(EXERCISE, A.full_matrix_in_numpy) == {}
     text = recheck_failures(EXERCISE, A.full_matrix_in_numpy, seed=2)["test_memory"]
     assert "outside torch" in text and "Python's allocation tracer" in text, text
+
+
+def _plan(answer_source: str | None, seed: int = 3):
+    """The re-check's plan of the solution notebook, its answer cell replaced by ``answer_source``."""
+    import nbformat
+
+    from course import SOLUTIONS, with_answer
+    from firstprinciples.grading import trusted
+
+    nb = nbformat.read(SOLUTIONS / "tiled_attention" / "tiled_attention.ipynb", as_version=4)
+    if answer_source is not None:
+        nb = with_answer(nb, "tiled_attention", answer_source)
+    plan = trusted.make_plan(nb, seed)
+    check = next(c for c in plan.checks if c.name == "tiled_attention")
+    assert len(check.apart) == 1  # the one large case, run apart
+    return plan, check
+
+
+def _source(fn) -> str:
+    import inspect
+    import textwrap
+
+    code = textwrap.dedent(inspect.getsource(fn)).replace(f"def {fn.__name__}(", "def tiled_attention(")
+    return "import math\n\nimport numpy as np\nimport torch\n\n\n" + code
+
+
+# A real runner process (cold, unsandboxed: the same job and the same reading from outside as a warm one)
+COMMAND = [sys.executable, "-m", "firstprinciples.grading.recheck"]
+
+
+def test_memory_no_measure_inside_the_runner_sees_is_seen_from_outside():
+    """The corpus's atk_tiled_full_matrix_in_a_memory_map: a whole (T_q, T_k) matrix in an anonymous
+    memory map, computed in place. Torch's allocator and Python's tracer see nothing, so inside the
+    runner it passes every memory case (the in-process re-check: no failure). In a runner process, the
+    grader reads the process's memory from outside on the case run apart, and test_memory fails with
+    that reason, on that case only."""
+    from corpus.attacks import ATTACKS
+    from exercises.harness import recheck_failures
+    from firstprinciples.grading import trusted
+
+    source = next(e for e in ATTACKS if e["id"] == "atk_tiled_full_matrix_in_a_memory_map")["answers"]["tiled_attention"]
+    namespace: dict = {}
+    exec(compile(source, "<the attack>", "exec"), namespace)
+    assert recheck_failures(EXERCISE, namespace["tiled_attention"], seed=3) == {}
+    plan, check = _plan(source)
+    found = trusted.recheck(plan, COMMAND)[0]["tiled_attention"]
+    errors = {i: c["error"] for i, c in enumerate(found.cases) if "error" in c}
+    assert list(errors) == list(check.apart), errors
+    assert "measured from outside the process" in errors[check.apart[0]], errors
+
+
+@pytest.mark.parametrize("answer", [None, A.query_tiles], ids=["solution", "query tiles"])
+def test_correct_answers_grow_the_runner_far_less_than_allowed(answer):
+    """The solution and an unusual correct answer (tiles of queries too) pass every case in a runner
+    process, and the growth the grader read on the case run apart is well within the allowance."""
+    from firstprinciples.grading import trusted
+
+    plan, check = _plan(None if answer is None else _source(answer))
+    _, results = trusted.run_runner(COMMAND, trusted.job_cells(plan, [check.name]), [check], trusted.Limits(),
+                                    time.monotonic() + 300)
+    res = results["tiled_attention"]["results"][check.apart[0]]
+    assert "outputs" in res, res
+    assert isinstance(res["resident"], int) and 0 <= res["resident"] < 0.8 * trusted.RESIDENT_ALLOWANCE, res["resident"]
+    found = trusted.outcome(check, results["tiled_attention"])
+    assert found.overall is None and not [c for c in found.cases if "error" in c], found
 
 
 @pytest.mark.parametrize("causal", [False, True])
