@@ -671,9 +671,9 @@ PYTHON_PEAK_ALLOWANCE = 4
 # On a case run ``alone`` (tiled attention's largest: (2048, 8192) scores), the most the runner's data
 # memory (anonymous and shared pages, read by the grader from outside: ``resident``) may grow between the
 # moment the runner has read its job and the end of that case, before any other case has run. Measured
-# (2-core VM, torch 2.13, warm runners): an answer that returns zeros at once, 18.7 MB (the runner's own
-# loading of the cells); correct answers 18.8-25.3 MB; the whole matrix kept in float16, 53 MB; built
-# in NumPy in float32, 219 MB.
+# (2-core VM, torch 2.13, warm sandboxed runners): an answer that returns zeros at once, 15.2 MB (the
+# runner's own loading of the cells); correct answers 15.6-21.2 MB; the whole matrix kept in float16,
+# 55.5 MB; in an anonymous memory map (seen by no measure inside the runner), 83.9 MB.
 RESIDENT_ALLOWANCE = 40 * 2**20
 
 
