@@ -4,7 +4,8 @@ Part of the grading core. The re-check's runner measures an answer's memory itse
 allocator, Python's allocation tracer: ``observe``), but code in that process can switch off or
 fool what runs there. This watch runs in the grader: a thread that reads, every millisecond, how
 much memory the operating system has given the runner's processes (``/proc/<pid>/status``), and
-keeps the most above what they held when it started. The runner's own code cannot change that
+keeps the most above what they held when it was started or last marked (``mark``: the grader marks
+it when the runner says it has read its job, before any student code runs). The runner's own code cannot change that
 number without giving the memory back, and a matrix as large as a memory case's full (T_q, T_k)
 matrix takes far longer than a millisecond to fill. Linux only; elsewhere it measures nothing
 (None), and the in-process measures stand alone."""
@@ -66,6 +67,8 @@ class Watch:
     def __init__(self, proc, interval: float = INTERVAL):
         self.proc, self.interval = proc, interval
         self.first = self.most = None
+        self._marks = 0  # (a reading taken before the latest mark is not counted after it)
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fp-resident-watch", daemon=True)
 
@@ -75,20 +78,24 @@ class Watch:
             n += 1
             if n % 50 == 0 and not getattr(self.proc, "pid_inside", None):
                 pids = processes(self.proc)  # (a cold sandbox's interpreter starts a moment after bubblewrap)
+            marks = self._marks
             now = resident(pids)
-            if now is not None:
-                if self.first is None:
-                    self.first = now
-                self.most = now if self.most is None else max(self.most, now)
+            with self._lock:
+                if now is not None and marks == self._marks:
+                    if self.first is None:
+                        self.first = now
+                    self.most = now if self.most is None else max(self.most, now)
             self._stop.wait(self.interval)
 
     def mark(self) -> None:
-        """Measure from now on (a cold runner: once it has imported what every runner imports)."""
-        now = resident(processes(self.proc))
-        self.first = self.most = now
+        """Measure from now on: growth is counted from this reading."""
+        with self._lock:
+            self._marks += 1
+            self.first = self.most = resident(processes(self.proc))
 
     def growth(self) -> int | None:
-        return None if self.first is None else self.most - self.first
+        with self._lock:
+            return None if self.first is None or self.most is None else self.most - self.first
 
     def __enter__(self):
         self._thread.start()

@@ -698,9 +698,9 @@ def _over_memory(check: Check, i: int, res: dict) -> str | None:
         return (f"it held {peak:,} bytes at once outside torch (NumPy arrays, Python objects), more than "
                 f"{PYTHON_PEAK_ALLOWANCE} times {bound} (counted by Python's allocation tracer)")
     if i in check.apart and isinstance(growth, int) and not isinstance(growth, bool) and growth > RESIDENT_ALLOWANCE:
-        return (f"while it ran, the memory the operating system gave the grader's process grew by {growth:,} bytes, "
-                f"more than the {RESIDENT_ALLOWANCE:,} allowed on this case: something as large as the whole "
-                "(T_q, T_k) matrix was built (measured from outside the process, whatever it switched off)")
+        return (f"while it ran, the memory the operating system gave the process running your code grew by "
+                f"{growth:,} bytes, more than the {RESIDENT_ALLOWANCE:,} allowed on this case: something as large as "
+                "the whole (T_q, T_k) matrix was built (measured from outside the process, whatever it switched off)")
     return None
 
 
