@@ -344,11 +344,13 @@ def secret(rng: np.random.Generator) -> list:
             ((3,), 160, 480, 4, 6, 60, False, "float32"), ((2,), 160, 160, 8, 8, 20, True, "float64")):
         out.append(_case("memory", *_drawn(rng, lead, T_q, T_k, d_k, d_v, dtype), block, causal))
     # One case large enough to be seen from outside the runner's process: its whole (T_q, T_k) matrix
-    # is 64 MB in float32 (32 MB in float16), a correct answer's (T_q, block_size) blocks 512 kB each. It
-    # runs first and unwatched, in a runner that has done nothing else yet, and the grader reads how much
-    # memory the operating system gave that process (``alone``: trusted.RESIDENT_ALLOWANCE). Unwatched, it
-    # can only fail test_memory: every other case of the test is watched as usual.
-    big = _case("memory", *_drawn(rng, (1,), 2048, 8192, 8, 8, "float32"), 64, bool(rng.integers(2)))
+    # is 64 MB in float32 (32 MB in float16), a correct answer's (T_q, block_size) blocks 1 MB each (and
+    # fewer blocks than a block has keys, so that a list of every block's (T_q, 1) partial results, a
+    # correct if wasteful design, stays within the bound too). It runs first and unwatched, in a runner
+    # that has done nothing else yet, and the grader reads how much memory the operating system gave
+    # that process (``alone``: trusted.RESIDENT_ALLOWANCE). Unwatched, it can only fail test_memory:
+    # every other case of the test is watched as usual.
+    big = _case("memory", *_drawn(rng, (1,), 2048, 8192, 8, 1, "float32"), 128, False)  # (causal is for T_q == T_k)
     out.append({**big, "alone": True})
     return out
 

@@ -670,10 +670,12 @@ def _outcome(check: Check, report: dict, machinery) -> Outcome:
 PYTHON_PEAK_ALLOWANCE = 4
 # On a case run ``alone`` (tiled attention's largest: (2048, 8192) scores), the most the runner's data
 # memory (anonymous and shared pages, read by the grader from outside: ``resident``) may grow between the
-# moment the runner has read its job and the end of that case, before any other case has run. Measured
-# (2-core VM, torch 2.13, warm sandboxed runners): an answer that returns zeros at once, 15.2 MB (the
-# runner's own loading of the cells); correct answers 15.6-21.2 MB; the whole matrix kept in float16,
-# 55.5 MB; in an anonymous memory map (seen by no measure inside the runner), 83.9 MB.
+# moment the runner has read its job and the end of that case, before any other case has run (its C
+# allocator gives large blocks back at once: ``recheck.allocate_plainly``). Measured (2-core VM, torch
+# 2.13, warm sandboxed runners): an answer that returns zeros at once, 13.4 MB (the runner's own loading
+# of the cells); correct answers 14.3-17.6 MB, 25.4 MB for one that keeps every block's partial result in
+# float64 until the end; the whole matrix in NumPy in float16, 50.7 MB; in torch in float16, 64.0 MB; in
+# an anonymous memory map (seen by no measure inside the runner), 80.2 MB.
 RESIDENT_ALLOWANCE = 40 * 2**20
 
 

@@ -109,9 +109,31 @@ def in_float64(Q, K, V, block_size=64, causal=False):
     return correct(Q.double(), K.double(), V.double(), block_size, causal).to(Q.dtype)
 
 
+def partials_merged_at_the_end(Q, K, V, block_size=64, causal=False):
+    """Float64 throughout; each key block's max, sum and weighted values kept in a list and merged
+    once at the end (many small tensors alive at once: the allocator's own reuse must not count as
+    the answer's memory, ``recheck.allocate_plainly``)."""
+    q, k, v = Q.double() / math.sqrt(Q.shape[-1]), K.double(), V.double()
+    T_q, T_k = q.shape[-2], k.shape[-2]
+    parts = []
+    for s0 in range(0, T_k, block_size):
+        s = q @ k[..., s0:s0 + block_size, :].transpose(-2, -1)
+        if causal:
+            keys = torch.arange(s0, s0 + s.shape[-1])
+            s = s.masked_fill(keys[None, :] > torch.arange(T_q)[:, None] + (T_k - T_q), float("-inf"))
+        m = s.amax(-1, keepdim=True)
+        m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # (a row whose keys are all in the future)
+        w = torch.exp(s - m)
+        parts.append((m, w.sum(-1, keepdim=True), w @ v[..., s0:s0 + block_size, :]))
+    top = torch.stack([p[0] for p in parts]).amax(0)
+    total = sum(p[1] * torch.exp(p[0] - top) for p in parts)
+    out = sum(p[2] * torch.exp(p[0] - top) for p in parts)
+    return (out / total).to(Q.dtype)
+
+
 CORRECT = {"reference": correct, "query tiles": query_tiles, "scaled queries": scaled_queries,
            "log-sum-exp": log_sum_exp, "last block first, a normalised mean": last_block_first,
-           "computed in float64": in_float64}
+           "computed in float64": in_float64, "partials merged at the end, float64": partials_merged_at_the_end}
 
 
 def positions_within_the_block(Q, K, V, block_size=64, causal=False):
